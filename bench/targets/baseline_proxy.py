@@ -1,0 +1,77 @@
+"""The Python baseline: the smallest honest aiohttp (uvloop) proxy that rewrites `model`.
+
+It parses every JSON body with the stdlib, swaps the model through a fixed alias table,
+re-serializes, forwards, and streams the answer back: what a first version of the sidecar
+would do. The sidecar must beat it (issue 6).
+"""
+
+import argparse
+import json
+
+import aiohttp
+import uvloop
+from aiohttp import web
+
+HOP_BY_HOP = frozenset(
+    h.lower()
+    for h in (
+        "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "TE",
+        "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length",
+    )
+)  # fmt: skip
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+UPSTREAM = web.AppKey("upstream", str)
+ALIASES = web.AppKey("aliases", dict[str, str])
+
+
+async def forward(request: web.Request) -> web.StreamResponse:
+    body = await request.read()
+    if body and request.content_type == "application/json":
+        payload = json.loads(body)
+        model = payload.get("model") if isinstance(payload, dict) else None
+        if model in request.app[ALIASES]:
+            payload["model"] = request.app[ALIASES][model]
+            body = json.dumps(payload).encode()
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+    url = request.app[UPSTREAM] + request.path_qs
+    async with request.app[SESSION].request(
+        request.method, url, headers=headers, data=body
+    ) as upstream:
+        response = web.StreamResponse(status=upstream.status)
+        for k, v in upstream.headers.items():
+            if k.lower() not in HOP_BY_HOP:
+                response.headers[k] = v
+        await response.prepare(request)
+        async for chunk in upstream.content.iter_any():
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--upstream-url", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--alias", action="append", default=[], help="FROM=TO")
+    args = parser.parse_args()
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[UPSTREAM] = args.upstream_url.rstrip("/")
+    app[ALIASES] = dict(a.split("=", 1) for a in args.alias)
+
+    async def session_ctx(app: web.Application):  # type: ignore[no-untyped-def]
+        connector = aiohttp.TCPConnector(limit=0)
+        timeout = aiohttp.ClientTimeout(total=None, connect=10)
+        app[SESSION] = aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=False
+        )
+        yield
+        await app[SESSION].close()
+
+    app.cleanup_ctx.append(session_ctx)
+    app.router.add_route("*", "/{tail:.*}", forward)
+    loop = uvloop.new_event_loop()
+    web.run_app(app, host="127.0.0.1", port=args.port, access_log=None, loop=loop)
+
+
+if __name__ == "__main__":
+    main()

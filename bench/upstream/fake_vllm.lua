@@ -1,0 +1,121 @@
+-- A fake vLLM for the bench: fixed vLLM-0.32.0-shaped JSON and SSE (see shared/vllm-samples),
+-- served from LuaJIT inside nginx so the upstream costs almost nothing.
+-- Every completion request is checked: a body whose `model` is not the served name gets vLLM's
+-- own 404, so a proxy that did not rewrite the model shows up as errors, never as speed.
+local M = {}
+
+local SERVED = "Qwen2.5-0.5B"
+local ROOT = "Qwen/Qwen2.5-0.5B"
+local SSE_EVENTS = 20
+local CREATED = 1795982287
+
+M.models = '{"object":"list","data":[{"id":"' .. SERVED .. '","object":"model","created":'
+  .. CREATED .. ',"owned_by":"vllm","root":"' .. ROOT .. '","parent":null,"max_model_len":32768,'
+  .. '"permission":[{"id":"modelperm-93ac6f08a0de1efe","object":"model_permission","created":'
+  .. CREATED .. ',"allow_create_engine":false,"allow_sampling":true,"allow_logprobs":true,'
+  .. '"allow_search_indices":false,"allow_view":true,"allow_fine_tuning":false,"organization":"*",'
+  .. '"group":null,"is_blocking":false}]}]}'
+
+local completion = '{"id":"cmpl-9836c2f3302586ba","object":"text_completion","created":' .. CREATED
+  .. ',"model":"' .. SERVED .. '","choices":[{"index":0,"text":" the quick brown fox jumps","logprobs":null,'
+  .. '"finish_reason":"length","stop_reason":null,"token_ids":null,"prompt_logprobs":null,'
+  .. '"prompt_token_ids":null,"routed_experts":null}],"service_tier":null,'
+  .. '"system_fingerprint":"vllm-0.32.0-d800a907","usage":{"prompt_tokens":3,"total_tokens":7,'
+  .. '"completion_tokens":4,"prompt_tokens_details":null,"completion_tokens_details":null},'
+  .. '"kv_transfer_params":null,"ec_transfer_params":null,"metrics":null}'
+
+local chat = '{"id":"chatcmpl-8a38b9117e56f473","object":"chat.completion","created":' .. CREATED
+  .. ',"model":"' .. SERVED .. '","choices":[{"index":0,"message":{"role":"assistant","content":'
+  .. '" the quick brown fox jumps","refusal":null,"annotations":null,"audio":null,"function_call":null,'
+  .. '"reasoning":null},"logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":null,'
+  .. '"routed_experts":null}],"service_tier":null,"system_fingerprint":"vllm-0.32.0-d800a907",'
+  .. '"usage":{"prompt_tokens":21,"total_tokens":26,"completion_tokens":5,"prompt_tokens_details":null,'
+  .. '"completion_tokens_details":null},"prompt_logprobs":null,"prompt_token_ids":null,'
+  .. '"prompt_text":null,"kv_transfer_params":null,"ec_transfer_params":null,"metrics":null}'
+
+local function sse_events(kind)
+  local events = {}
+  for i = 1, SSE_EVENTS do
+    local last = i == SSE_EVENTS
+    local finish = last and '"length","stop_reason":null' or "null"
+    local tail = last and ',"system_fingerprint":"vllm-0.32.0-d800a907"' or ""
+    if kind == "chat" then
+      events[i] = 'data: {"id":"chatcmpl-8019c8be29231fcf","object":"chat.completion.chunk","created":'
+        .. CREATED .. ',"model":"' .. SERVED .. '","choices":[{"index":0,"delta":{"content":" tok'
+        .. i .. '"},"logprobs":null,"finish_reason":' .. finish .. ',"token_ids":null}]' .. tail
+        .. '}\n\n'
+    else
+      events[i] = 'data: {"id":"cmpl-b4ccefe7603a02d4","object":"text_completion","created":'
+        .. CREATED .. ',"model":"' .. SERVED .. '","choices":[{"index":0,"text":" tok' .. i
+        .. '","logprobs":null,"finish_reason":' .. finish
+        .. ',"prompt_token_ids":null,"token_ids":null}]' .. tail .. '}\n\n'
+    end
+  end
+  events[SSE_EVENTS + 1] = "data: [DONE]\n\n"
+  return events
+end
+
+local bodies = {
+  ["/v1/completions"] = {json = completion, sse = sse_events("completion")},
+  ["/v1/chat/completions"] = {json = chat, sse = sse_events("chat")},
+}
+
+local WINDOW = 4096
+
+-- The first match of a Lua pattern, looked for near both ends before the whole body: clients
+-- put `model` and `stream` first or last, and an 8 MB token-id list sits in between.
+local function find(body, pattern)
+  local n = #body
+  if n <= 2 * WINDOW then
+    return string.match(body, pattern)
+  end
+  return string.match(string.sub(body, 1, WINDOW), pattern)
+    or string.match(string.sub(body, n - WINDOW), pattern)
+    or string.match(body, pattern)
+end
+
+local function read_body()
+  ngx.req.read_body()
+  local body = ngx.req.get_body_data()
+  if body then
+    return body
+  end
+  local path = ngx.req.get_body_file()
+  if not path then
+    return ""
+  end
+  local f = assert(io.open(path, "rb"))
+  body = f:read("*a")
+  f:close()
+  return body
+end
+
+local function not_found(model)
+  ngx.status = 404
+  ngx.header["Content-Type"] = "application/json"
+  ngx.print('{"error":{"message":"The model `' .. model .. '` does not exist. Valid aliases: '
+    .. SERVED .. '.","type":"NotFoundError","param":"model","code":404}}')
+end
+
+function M.generate()
+  local body = read_body()
+  local model = find(body, '"model"%s*:%s*"([^"]*)"') or ""
+  if model ~= SERVED then
+    ngx.log(ngx.WARN, "wrong model: ", model)
+    return not_found(model)
+  end
+  local route = bodies[ngx.var.uri]
+  if find(body, '"stream"%s*:%s*(true)') then
+    ngx.header["Content-Type"] = "text/event-stream; charset=utf-8"
+    -- One chunk per event, each flushed on its own, as vLLM streams tokens.
+    for _, event in ipairs(route.sse) do
+      ngx.print(event)
+      ngx.flush(false)
+    end
+    return
+  end
+  ngx.header["Content-Type"] = "application/json"
+  ngx.print(route.json)
+end
+
+return M
