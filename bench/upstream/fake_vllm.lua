@@ -105,7 +105,8 @@ function M.generate()
     return not_found(model)
   end
   local route = bodies[ngx.var.uri]
-  if find(body, '"stream"%s*:%s*(true)') then
+  -- `%a+` rather than `true`, so that `"stream":false` near the end stops the search there.
+  if find(body, '"stream"%s*:%s*(%a+)') == "true" then
     ngx.header["Content-Type"] = "text/event-stream; charset=utf-8"
     -- One chunk per event, each flushed on its own, as vLLM streams tokens.
     for _, event in ipairs(route.sse) do

@@ -1,0 +1,204 @@
+"""The results writer: JSON and Markdown, every ratio against the sidecar."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from loads import SCENARIOS
+
+Row = dict[str, Any]
+REF = "sidecar"
+
+
+def us(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 1000:
+        return f"{value / 1000:.2f} ms"
+    return f"{value:.0f} µs"
+
+
+def num(value: float | None, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    # Added latencies near zero (nginx) or below it (noise) make no meaningful ratio.
+    if a is None or b is None or b <= 0 or a < 0:
+        return None
+    return a / b
+
+
+def rx(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def find(rows: list[Row], target: str, scenario: str) -> Row | None:
+    for row in rows:
+        if row["target"] == target and row["scenario"] == scenario and row["status"] == "ok":
+            return row
+    return None
+
+
+def add_derived(rows: list[Row]) -> None:
+    """Added latency over direct, and the sidecar's ratios to each target, per scenario."""
+    ok = [row for row in rows if row["status"] == "ok"]
+    for row in ok:
+        direct = find(rows, "direct", row["scenario"])
+        for q in ("p50", "p99"):
+            base = direct[f"{q}_us"] if direct else None
+            row[f"added_{q}_us"] = None if base is None else row[f"{q}_us"] - base
+    for row in ok:
+        ref = find(rows, REF, row["scenario"]) or {}
+        row["sidecar_over_target"] = {
+            key: ratio(ref.get(field), row.get(field))
+            for key, field in (
+                ("rps", "rps"),
+                ("added_p50", "added_p50_us"),
+                ("cpu_per_1k", "cpu_ms_per_1k"),
+                ("rss", "rss_mb"),
+            )
+        }
+
+
+def goals(rows: list[Row], targets: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 6's targets for the sidecar, measured in this run."""
+
+    def get(target: str, scenario: str, key: str) -> float | None:
+        row = find(rows, target, scenario)
+        return None if row is None else row.get(key)
+
+    out: list[dict[str, Any]] = []
+
+    def goal(name: str, measured: float | None, bound: float | None, at_least: bool) -> None:
+        ok = None
+        if measured is not None and bound is not None:
+            ok = measured >= bound if at_least else measured <= bound
+        out.append({"goal": name, "measured": measured, "bound": bound, "pass": ok})
+
+    side_rps = get(REF, "json-c64", "rps")
+    goal(
+        "json c64 req/s >= 1.2x aiohttp baseline",
+        side_rps,
+        _mul(get("baseline", "json-c64", "rps"), 1.2),
+        True,
+    )
+    goal(
+        "json c64 req/s >= 0.4x vllm-router",
+        side_rps,
+        _mul(get("router", "json-c64", "rps"), 0.4),
+        True,
+    )
+    goal(
+        "added p50 at c1 (us) <= 1.2x vllm-router's",
+        get(REF, "json-c1", "added_p50_us"),
+        _mul(get("router", "json-c1", "added_p50_us"), 1.2),
+        False,
+    )
+    goal(
+        "SSE c64 req/s >= vllm-router's",
+        get(REF, "sse-c64", "rps"),
+        get("router", "sse-c64", "rps"),
+        True,
+    )
+    goal(
+        "json c64 req/s >= 60x LiteLLM", side_rps, _mul(get("litellm", "json-c64", "rps"), 60), True
+    )
+    goal(
+        "8 MB token-id request: added p50 (us) <= 2000",
+        get(REF, "ids8mb-c1", "added_p50_us"),
+        2000.0,
+        False,
+    )
+    idle = targets.get(REF, {}).get("idle_rss_mb")
+    goal("idle RSS (MB) < 60", idle, 60.0, False)
+    return out
+
+
+def _mul(value: float | None, k: float) -> float | None:
+    return None if value is None else value * k
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    rows: list[Row] = doc["runs"]
+    targets: dict[str, Any] = doc["targets"]
+    meta = doc["meta"]
+    lines = [
+        f"# vllm-sidecar bench, {meta['started']}",
+        "",
+        f"Commit `{meta['commit']}`, {meta['cores']} cores; proxy under test on CPU "
+        f"{meta['proxy_cpus']}, fake upstream (nginx+Lua) and wrk on CPU {meta['load_cpus']}; "
+        f"{meta['seconds']:g} s per cell after {meta['warmup']:g} s warm-up. Ratios are "
+        "sidecar ÷ target from this one run (req/s: above 1 means the sidecar is faster; "
+        "added latency and CPU: below 1 means the sidecar costs less).",
+        "",
+        "| target | version | aliasing | ran | idle RSS |",
+        "|---|---|---|---|---|",
+    ]
+    for t in targets.values():
+        alias = "rewrites HF path" if t["aliasing"] else "sent the served name"
+        ran = "yes" if t["status"] == "ok" else f"no: {t['reason']}"
+        lines.append(
+            f"| {t['label']} | {t.get('version') or '-'} | {alias} | {ran} | "
+            f"{num(t.get('idle_rss_mb'), 1)} MB |"
+        )
+    lines += ["", "## At a glance", ""]
+    lines += [
+        "| target | req/s at 64 conn | p50 at 1 conn | added p50 | SSE req/s at 64 | "
+        "8 MB added p50 | CPU ms / 1k req (64 conn) | sidecar ÷ target req/s (64 conn) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, t in targets.items():
+        if t["status"] != "ok":
+            continue
+        c64, c1 = find(rows, name, "json-c64"), find(rows, name, "json-c1")
+        sse, big = find(rows, name, "sse-c64"), find(rows, name, "ids8mb-c1")
+        lines.append(
+            f"| {t['label']} | {num(c64 and c64['rps'])} | {us(c1 and c1['p50_us'])} | "
+            f"{us(c1 and c1.get('added_p50_us'))} | {num(sse and sse['rps'])} | "
+            f"{us(big and big.get('added_p50_us'))} | {num(c64 and c64['cpu_ms_per_1k'], 1)} | "
+            f"{rx(c64 and c64['sidecar_over_target']['rps'])} |"
+        )
+    for sname, scen in SCENARIOS.items():
+        cells = [r for r in rows if r["scenario"] == sname]
+        if not cells:
+            continue
+        lines += ["", f"## {scen.label} (`{sname}`)", ""]
+        lines += [
+            "| target | req/s | p50 | p99 | added p50 | added p99 | CPU ms / 1k req | RSS MB | "
+            "sidecar ÷ target: req/s | added p50 | CPU | check |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in cells:
+            label = targets[r["target"]]["label"]
+            if r["status"] != "ok":
+                lines.append(f"| {label} | {r['status']}: {r['reason']} |" + " |" * 10)
+                continue
+            s = r["sidecar_over_target"]
+            lines.append(
+                f"| {label} | {num(r['rps'])} | {us(r['p50_us'])} | {us(r['p99_us'])} | "
+                f"{us(r.get('added_p50_us'))} | {us(r.get('added_p99_us'))} | "
+                f"{num(r['cpu_ms_per_1k'], 1)} | {num(r['rss_mb'], 1)} | {rx(s['rps'])} | "
+                f"{rx(s['added_p50'])} | {rx(s['cpu_per_1k'])} | {r['check']} |"
+            )
+    lines += ["", "## Issue 6 targets (sidecar)", "", "| goal | measured | bound | pass |"]
+    lines.append("|---|---|---|---|")
+    for g in doc["goals"]:
+        verdict = {True: "yes", False: "**no**", None: "n/a"}[g["pass"]]
+        lines.append(
+            f"| {g['goal']} | {num(g['measured'], 1)} | {num(g['bound'], 1)} | {verdict} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write(doc: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
+    add_derived(doc["runs"])
+    doc["goals"] = goals(doc["runs"], doc["targets"])
+    json_path, md_path = out_dir / "results.json", out_dir / "results.md"
+    json_path.write_text(json.dumps(doc, indent=2) + "\n")
+    md_path.write_text(markdown(doc))
+    return json_path, md_path

@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+"""Bench the sidecar against its peers, side by side in one run: `python3 bench/run.py`.
+
+Starts a fake vLLM (nginx + Lua) and wrk on one core, each target in turn on the other, checks
+that every target really reached the upstream with the served model, times each scenario, and
+writes results.json and results.md under bench/results/<time>/. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import loads
+import profiling
+import report
+from procs import cpu_seconds, http, rss_bytes
+from targets import (
+    BENCH,
+    HF_PATH,
+    NGINX_MODULES,
+    ROOT,
+    SERVED,
+    TARGETS,
+    Env,
+    start_sidecar,
+    start_upstream,
+)
+
+# Targets whose failure fails the run (peers may be absent or broken without failing it).
+REQUIRED = ("direct", "sidecar")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="CI smoke: short cells; peers only if already installed",
+    )
+    p.add_argument("--targets", default=",".join(TARGETS), help="comma-separated, in run order")
+    p.add_argument("--scenarios", default=",".join(loads.SCENARIOS), help="comma-separated")
+    p.add_argument("--seconds", type=float, help="timed seconds per cell (default 8, quick 1)")
+    p.add_argument(
+        "--warmup", type=float, help="warm-up seconds per cell (default 2, quick 0: no warm-up)"
+    )
+    p.add_argument("--big-mb", type=float, default=8.0, help="size of the token-id request")
+    p.add_argument("--no-install", action="store_true", help="skip peers that are not installed")
+    p.add_argument("--out", type=Path, help="results folder (default bench/results/<time>)")
+    p.add_argument("--load-cpus", help="cores for upstream + wrk (default 0)")
+    p.add_argument("--proxy-cpus", help="cores for the target (default 1)")
+    p.add_argument(
+        "--profile",
+        choices=("py-spy", "pyinstrument"),
+        help="profile the sidecar while it is timed (see docs/bench.md)",
+    )
+    p.add_argument(
+        "--soak",
+        type=float,
+        metavar="SECONDS",
+        help="instead: the sidecar at 64 connections this long, RSS sampled",
+    )
+    args = p.parse_args(argv)
+    args.seconds = args.seconds or (1.0 if args.quick else 8.0)
+    args.warmup = args.warmup if args.warmup is not None else (0.0 if args.quick else 2.0)
+    args.no_install = args.no_install or args.quick
+    cores = os.cpu_count() or 1
+    args.load_cpus = args.load_cpus or ("0" if cores >= 2 else None)
+    args.proxy_cpus = args.proxy_cpus or ("1" if cores >= 2 else None)
+    args.cores = cores
+    return args
+
+
+def ensure_tools() -> None:
+    missing = [t for t in ("nginx", "wrk", "taskset") if not shutil.which(t)]
+    if missing or not NGINX_MODULES.exists():
+        if os.geteuid() != 0:
+            sys.exit("bench needs nginx, its Lua module, wrk: run bench/setup-system.sh as root")
+        subprocess.run(["bash", str(BENCH / "setup-system.sh")], check=True)
+
+
+def write_bodies(run_dir: Path, big_mb: float) -> dict[tuple[str, str, bool], Path]:
+    """One body file per (kind, model, stream); the aliasing targets get the HF path."""
+    files = {}
+    big = int(big_mb * 1024 * 1024)
+    for scen in loads.SCENARIOS.values():
+        for model in (SERVED, HF_PATH):
+            key = (scen.body, model, scen.stream)
+            if key not in files:
+                path = run_dir / f"body-{scen.body}-{'sse' if scen.stream else 'json'}-"
+                path = path.with_name(path.name + model.replace("/", "_") + ".json")
+                path.write_bytes(loads.make_body(scen.body, model, scen.stream, big))
+                files[key] = path
+    return files
+
+
+def git_commit() -> str:
+    out = subprocess.run(
+        ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return out.stdout.strip() or "?"
+
+
+def run_cell(
+    args: argparse.Namespace,
+    env: Env,
+    name: str,
+    url: str,
+    pid: int | None,
+    scen: loads.Scenario,
+    body: Path,
+) -> dict[str, Any]:
+    row: dict[str, Any] = {"target": name, "scenario": scen.name, "status": "ok"}
+    try:
+        row["check"] = loads.check(url, body.read_bytes(), scen.stream)
+    except (loads.CheckFailed, OSError, ValueError) as err:
+        return {**row, "status": "check_failed", "reason": str(err)[:300]}
+    seconds = args.seconds
+    if scen.body != "small":  # slow targets need a while to finish even one 8 MB request
+        seconds = max(seconds, 2.0 if args.quick else 10.0)
+    if args.warmup > 0:
+        loads.wrk(url, body, scen.connections, args.warmup, args.load_cpus)
+    cpu0 = cpu_seconds(pid) if pid else None
+    prof = profiling.start(args.profile, name, pid, scen.name, seconds, env) if pid else None
+    res = loads.wrk(url, body, scen.connections, seconds, args.load_cpus)
+    cpu1 = cpu_seconds(pid) if pid else None
+    if prof:
+        row["profile"] = profiling.finish(prof)
+    requests = int(res["requests"])
+    errors: dict[str, int] = res["errors"]  # type: ignore[assignment]
+    lat: dict[str, Any] = res["latency_us"]  # type: ignore[assignment]
+    row.update(
+        requests=requests,
+        duration_s=int(res["duration_us"]) / 1e6,  # type: ignore[call-overload]
+        errors=errors,
+        rps=requests / (int(res["duration_us"]) / 1e6),  # type: ignore[call-overload]
+        p50_us=lat["percentiles"]["50"],
+        p90_us=lat["percentiles"]["90"],
+        p99_us=lat["percentiles"]["99"],
+        mean_us=lat["mean"],
+        max_us=lat["max"],
+        cpu_s=None if cpu0 is None else cpu1 - cpu0,  # type: ignore[operator]
+        cpu_ms_per_1k=None if cpu0 is None or not requests else (cpu1 - cpu0) * 1e6 / requests,  # type: ignore[operator]
+        rss_mb=rss_bytes(pid) / 2**20 if pid else None,
+    )
+    bad = sum(errors.values())
+    if requests == 0:
+        row.update(status="no_requests", reason=f"no request completed in {seconds:g} s")
+    elif bad:
+        row["check"] += f"; {bad} errors under load: {errors}"
+    return row
+
+
+def run_target(
+    args: argparse.Namespace,
+    env: Env,
+    name: str,
+    bodies: dict[tuple[str, str, bool], Path],
+    doc: dict[str, Any],
+) -> None:
+    target = TARGETS[name]
+    info: dict[str, Any] = {"label": target.label, "aliasing": target.aliasing, "status": "ok"}
+    doc["targets"][name] = info
+    reason = target.missing()
+    if reason and target.install and not args.no_install:
+        target.install()
+        reason = target.missing()
+    if reason:
+        info.update(status="skipped", reason=reason)
+        print(f"[{name}] skipped: {reason}", flush=True)
+        return
+    print(f"[{name}] starting", flush=True)
+    try:
+        wrap = profiling.wrapper(args.profile, env) if name == "sidecar" else None
+        running = start_sidecar(env, wrap) if wrap else target.start(env)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as err:
+        info.update(status="error", reason=str(err).splitlines()[0][:200])
+        print(f"[{name}] failed to start: {err}", flush=True)
+        return
+    info["version"] = running.version
+    pid = running.child.pid if running.child else None
+    try:
+        time.sleep(0.5)
+        info["idle_rss_mb"] = rss_bytes(pid) / 2**20 if pid else None
+        model = HF_PATH if target.aliasing else SERVED
+        for sname in args.scenarios.split(","):
+            scen = loads.SCENARIOS[sname]
+            body = bodies[(scen.body, model, scen.stream)]
+            try:
+                row = run_cell(args, env, name, running.url, pid, scen, body)
+            except (RuntimeError, OSError, subprocess.SubprocessError) as err:
+                reason = str(err).splitlines()[0][:200]
+                row = {"target": name, "scenario": sname, "status": "error", "reason": reason}
+            doc["runs"].append(row)
+            print(f"[{name}] {sname}: {_brief(row)}", flush=True)
+        info["final_rss_mb"] = rss_bytes(pid) / 2**20 if pid else None
+    finally:
+        if running.child:
+            running.child.stop(grace=30 if args.profile == "pyinstrument" else 5)
+            profiling.after_stop(args.profile, env, doc, name)
+
+
+def _brief(row: dict[str, Any]) -> str:
+    if row["status"] != "ok":
+        return f"{row['status']}: {row.get('reason')}"
+    return f"{row['rps']:,.0f} req/s, p50 {row['p50_us']} us, p99 {row['p99_us']} us"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    ensure_tools()
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = (args.out or BENCH / "results" / stamp).resolve()
+    run_dir = out / "run"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = Env(run_dir, args.load_cpus, args.proxy_cpus)
+    if args.soak:
+        return profiling.soak(args, env, write_bodies(run_dir, 0.001), out)
+    t0 = time.monotonic()
+    bodies = write_bodies(run_dir, args.big_mb)
+    doc: dict[str, Any] = {
+        "meta": {
+            "started": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": git_commit(),
+            "cores": args.cores,
+            "load_cpus": args.load_cpus,
+            "proxy_cpus": args.proxy_cpus,
+            "seconds": args.seconds,
+            "warmup": args.warmup,
+            "quick": args.quick,
+            "big_bytes": bodies[("ids8mb", SERVED, False)].stat().st_size,
+            "profile": args.profile,
+        },
+        "targets": {},
+        "runs": [],
+    }
+    upstream = start_upstream(env)
+    try:
+        # The upstream must refuse the HF path, or the aliasing checks below prove nothing.
+        status = http(
+            "POST",
+            env.upstream_url + "/v1/completions",
+            bodies[("small", HF_PATH, False)].read_bytes(),
+        )[0]
+        if status != 404:
+            sys.exit(f"fake upstream answered {status} to an unserved model, expected 404")
+        for name in args.targets.split(","):
+            run_target(args, env, name, bodies, doc)
+    finally:
+        upstream.stop()
+    doc["meta"]["wall_s"] = round(time.monotonic() - t0, 1)
+    json_path, md_path = report.write(doc, out)
+    print(md_path.read_text())
+    ran = [n for n, t in doc["targets"].items() if t["status"] == "ok"]
+    skipped = [f"{n} ({t['reason']})" for n, t in doc["targets"].items() if t["status"] != "ok"]
+    print(f"targets run: {', '.join(ran) or 'none'}; not run: {', '.join(skipped) or 'none'}")
+    print(f"results: {json_path} and {md_path} ({doc['meta']['wall_s']} s)")
+    failed = [
+        f"{r['target']}/{r['scenario']}: {r['status']} {r.get('reason', '')}"
+        for r in doc["runs"]
+        if r["target"] in REQUIRED and (r["status"] != "ok" or sum(r["errors"].values()))
+    ]
+    failed += [
+        f"{n}: {doc['targets'][n].get('reason')}"
+        for n in REQUIRED
+        if n in doc["targets"] and doc["targets"][n]["status"] != "ok"
+    ]
+    for line in failed:
+        print(f"FAILED {line}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
