@@ -1,0 +1,79 @@
+"""CI smoke of bench/run.py: it runs end to end and writes a well-formed report (no speed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = {"json-c1", "json-c64", "sse-c1", "sse-c64", "ids8mb-c1"}
+REQUIRED = ("direct", "nginx", "baseline", "sidecar")
+
+pytestmark = pytest.mark.slow
+Bench = tuple[subprocess.CompletedProcess[str], Path]
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory: pytest.TempPathFactory) -> Bench:
+    out = tmp_path_factory.mktemp("bench")
+    # Peers (vllm-router, LiteLLM) run only where their venvs already exist: --quick installs none.
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--big-mb", "1",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=600, check=False, cwd=ROOT,
+    )  # fmt: skip
+    return proc, out
+
+
+def test_exits_zero_and_says_which_targets_ran(
+    bench: Bench,
+) -> None:
+    proc, _ = bench
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ran_line = next(line for line in proc.stdout.splitlines() if line.startswith("targets run:"))
+    for name in REQUIRED:
+        assert name in ran_line.partition(";")[0]
+
+
+def test_json_report_has_every_cell_of_the_required_targets(
+    bench: Bench,
+) -> None:
+    doc = json.loads((bench[1] / "results.json").read_text())
+    assert doc["meta"]["quick"] is True
+    assert doc["meta"]["big_bytes"] >= 1024 * 1024
+    for name in REQUIRED:
+        assert doc["targets"][name]["status"] == "ok"
+        rows = {r["scenario"]: r for r in doc["runs"] if r["target"] == name}
+        assert set(rows) == SCENARIOS
+        for row in rows.values():
+            assert row["status"] == "ok", row
+            assert row["check"].startswith("200"), row
+            assert row["requests"] > 0
+            assert row["errors"] == dict.fromkeys(row["errors"], 0), row
+            assert row["p50_us"] <= row["p99_us"]
+            assert row["added_p50_us"] is not None
+            assert set(row["sidecar_over_target"]) == {"rps", "added_p50", "cpu_per_1k", "rss"}
+    for row in doc["runs"]:
+        if row["target"] in ("nginx", "baseline", "sidecar") and row["status"] == "ok":
+            assert row["cpu_ms_per_1k"] > 0
+            assert row["rss_mb"] > 1
+    assert doc["targets"]["sidecar"]["idle_rss_mb"] > 1
+    assert doc["goals"][0]["goal"].startswith("json c64 req/s")
+    assert all(set(g) == {"goal", "measured", "bound", "pass"} for g in doc["goals"])
+
+
+def test_markdown_report_has_the_glance_table_and_one_table_per_scenario(
+    bench: Bench,
+) -> None:
+    md = (bench[1] / "results.md").read_text()
+    assert "## At a glance" in md
+    assert "## Issue 6 targets (sidecar)" in md
+    for scenario in SCENARIOS:
+        assert f"(`{scenario}`)" in md
+    glance = md.split("## At a glance", 1)[1].split("\n## ", 1)[0]
+    for label in ("direct to upstream", "nginx proxy_pass", "minimal aiohttp", "vllm-sidecar"):
+        assert label in glance
