@@ -60,6 +60,7 @@ def start(
     raw = env.run_dir.parent / f"sidecar-{scenario}.pyspy.txt"
     argv = [str(venv / "bin" / "py-spy"), "record", "--pid", str(pid), "--rate", "200"]
     argv += ["--duration", str(max(1, int(seconds))), "--nonblocking", "--format", "raw"]
+    argv += ["--full-filenames"]
     argv += ["-o", str(raw)]
     if env.load_cpus:
         argv = ["taskset", "-c", env.load_cpus, *argv]
@@ -75,6 +76,7 @@ def finish(rec: Recording) -> dict[str, str]:
 
 
 def _bucket(path: str) -> str:
+    path = "/" + path
     for key, name in (
         ("/proxy/", "proxy (the sidecar)"),
         ("aiohttp/", "aiohttp"),
@@ -112,7 +114,7 @@ def summarize(collapsed: str, top: int = 25) -> str:
         for f in set(funcs):
             total_t[f] += count
         # Time below each sidecar function, counted once per stack.
-        for f in {f for f, path in frames if "/proxy/" in path}:
+        for f in {f for f, path in frames if "/proxy/" in "/" + path}:
             proxy_inclusive[f] += count
     if not n:
         return "no samples\n"

@@ -91,10 +91,12 @@ local function read_body()
 end
 
 local function not_found(model)
+  local body = '{"error":{"message":"The model `' .. model .. '` does not exist. Valid aliases: '
+    .. SERVED .. '.","type":"NotFoundError","param":"model","code":404}}'
   ngx.status = 404
   ngx.header["Content-Type"] = "application/json"
-  ngx.print('{"error":{"message":"The model `' .. model .. '` does not exist. Valid aliases: '
-    .. SERVED .. '.","type":"NotFoundError","param":"model","code":404}}')
+  ngx.header["Content-Length"] = #body
+  ngx.print(body)
 end
 
 function M.generate()
@@ -116,6 +118,7 @@ function M.generate()
     return
   end
   ngx.header["Content-Type"] = "application/json"
+  ngx.header["Content-Length"] = #route.json  -- vLLM sends a length, not chunks, for JSON
   ngx.print(route.json)
 end
 
