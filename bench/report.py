@@ -132,7 +132,8 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         f"Commit `{meta['commit']}`, {meta['cores']} cores; proxy under test on CPU "
         f"{meta['proxy_cpus']}, fake upstream (nginx+Lua) and wrk on CPU {meta['load_cpus']}; "
-        f"{meta['seconds']:g} s per cell after {meta['warmup']:g} s warm-up. Ratios are "
+        f"{meta['seconds']:g} s per cell after {meta['warmup']:g} s warm-up, targets taking "
+        f"turns per scenario, best of {meta.get('rounds', 1)} round(s). Ratios are "
         "sidecar ÷ target from this one run (req/s: above 1 means the sidecar is faster; "
         "added latency and CPU: below 1 means the sidecar costs less).",
         "",

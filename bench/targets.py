@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -154,25 +154,26 @@ def start_litellm(env: Env) -> Running:
     return Running(url, child, _version(venv / "bin" / "python", "litellm"))
 
 
-def sidecar_argv(env: Env, port: int, admin: int) -> list[str]:
-    argv = ["--upstream-url", env.upstream_url, "--host", "127.0.0.1"]
-    argv += ["--port", str(port), "--admin-port", str(admin)]
-    return argv + os.environ.get("BENCH_SIDECAR_ARGS", "").split()
-
-
-def start_sidecar(env: Env, wrap: tuple[list[str], dict[str, str]] | None = None) -> Running:
+def start_sidecar(
+    env: Env,
+    wrap: tuple[list[str], dict[str, str]] | None = None,
+    extra_args: tuple[str, ...] = (),
+    name: str = "sidecar",
+) -> Running:
     """The sidecar as users run it; `wrap` runs it under a profiler (python -m pyinstrument)."""
     port, admin = free_port(), free_port()
     python = ROOT / ".venv" / "bin" / "python"
-    argv = [str(ROOT / ".venv" / "bin" / "vllm-sidecar"), *sidecar_argv(env, port, admin)]
-    extra: dict[str, str] = {}
+    flags = ["--upstream-url", env.upstream_url, "--host", "127.0.0.1"]
+    flags += ["--port", str(port), "--admin-port", str(admin), *extra_args]
+    argv = [str(ROOT / ".venv" / "bin" / "vllm-sidecar"), *flags]
+    extra_env: dict[str, str] = {}
     if wrap:
-        argv = [str(python), *wrap[0], "-m", "proxy", *sidecar_argv(env, port, admin)]
-        extra = wrap[1]
-    log = env.run_dir / "sidecar.log"
-    child = spawn("sidecar", argv, cpus=env.proxy_cpus, log=log, env=extra)
+        argv = [str(python), *wrap[0], "-m", "proxy", *flags]
+        extra_env = wrap[1]
+    log = env.run_dir / f"{name}.log"
+    child = spawn(name, argv, cpus=env.proxy_cpus, log=log, env=extra_env)
     ready = f"http://127.0.0.1:{admin}/readyz"
-    wait_until(lambda: http("GET", ready, timeout=5)[0] == 200, child, 60, "sidecar /readyz")
+    wait_until(lambda: http("GET", ready, timeout=5)[0] == 200, child, 60, f"{name} /readyz")
     return Running(f"http://127.0.0.1:{port}", child, _version(python, "vllm-sidecar"))
 
 
@@ -184,6 +185,18 @@ class Target:
     start: Callable[[Env], Running]
     missing: Callable[[], str | None]  # why it cannot run here, or None
     install: Callable[[], None] | None = None
+
+
+def sidecar_variant(label: str, flags: str) -> Target:
+    """The sidecar with extra flags, timed beside the default one (quiet=--log-level warning)."""
+    extra = tuple(shlex.split(flags))
+    return Target(
+        f"sidecar-{label}",
+        f"vllm-sidecar {flags}",
+        True,
+        lambda env: start_sidecar(env, extra_args=extra, name=f"sidecar-{label}"),
+        _need(ROOT / ".venv" / "bin" / "vllm-sidecar", "bash scripts/test-env.sh"),
+    )
 
 
 def _need(path: Path, hint: str) -> Callable[[], str | None]:
