@@ -157,3 +157,20 @@ def rss_bytes(pid: int) -> int:
         if fields:
             total += int(fields[21]) * PAGE
     return total
+
+
+def settle(pid: int, *, busy: float = 0.05, limit: float = 20.0, step: float = 0.25) -> float:
+    """Wait until the process tree is idle (under `busy` of a core), at most `limit` seconds.
+
+    A slow target keeps working through its backlog after wrk stops; without this it would
+    steal the core from the next target's cell. Returns the seconds waited.
+    """
+    start = time.monotonic()
+    last = cpu_seconds(pid)
+    while time.monotonic() - start < limit:
+        time.sleep(step)
+        now = cpu_seconds(pid)
+        if now - last < busy * step:
+            break
+        last = now
+    return time.monotonic() - start

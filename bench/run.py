@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import loads
 import profiling
 import report
-from procs import cpu_seconds, http, rss_bytes
+from procs import cpu_seconds, http, rss_bytes, settle
 from targets import (
     BENCH,
     HF_PATH,
@@ -41,7 +41,7 @@ from targets import (
 
 # Targets whose failure fails the run (peers may be absent or broken without failing it).
 REQUIRED = ("direct", "sidecar")
-SLOW_MIN_REQUESTS, SLOW_SECONDS = 20, 30.0
+SLOW_MIN_REQUESTS, SLOW_SECONDS = 20, 20.0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -156,6 +156,8 @@ def run_cell(
         cpu0 = cpu_seconds(pid) if pid else None
         res = loads.wrk(url, body, scen.connections, seconds, args.load_cpus)
     cpu1 = cpu_seconds(pid) if pid else None
+    if pid:
+        row["settle_s"] = round(settle(pid), 2)
     if prof:
         row["profile"] = profiling.finish(prof)
     requests = int(res["requests"])
@@ -219,14 +221,13 @@ def measure(
     """Every scenario, every target in turn (so that neighbours in time are compared), R rounds;
     the round with the best rate is kept per cell, all rounds are in the JSON."""
     broken: set[tuple[str, str]] = set()
-    slow: set[tuple[str, str]] = set()
     for rnd in range(args.rounds):
         for sname in args.scenarios.split(","):
             scen = loads.SCENARIOS[sname]
             for target, running in targets:
                 name = target.name
-                if (name, sname) in broken or (rnd and (name, sname) in slow):
-                    continue  # failed, or so slow (LiteLLM) that one long window is enough
+                if (name, sname) in broken or (rnd and target.one_round):
+                    continue
                 pid = running.child.pid if running.child else None
                 body = bodies[(scen.body, HF_PATH if target.aliasing else SERVED, scen.stream)]
                 try:
@@ -238,8 +239,6 @@ def measure(
                 doc["rounds"].append(row)
                 if row["status"] != "ok":
                     broken.add((name, sname))
-                elif row["duration_s"] >= SLOW_SECONDS:
-                    slow.add((name, sname))
                 print(f"[{name}] {sname} round {rnd + 1}: {_brief(row)}", flush=True)
     for target, _ in targets:
         for sname in args.scenarios.split(","):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shlex
 import shutil
@@ -158,6 +159,7 @@ def start_sidecar(
     env: Env,
     wrap: tuple[list[str], dict[str, str]] | None = None,
     extra_args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
     name: str = "sidecar",
 ) -> Running:
     """The sidecar as users run it; `wrap` runs it under a profiler (python -m pyinstrument)."""
@@ -166,10 +168,10 @@ def start_sidecar(
     flags = ["--upstream-url", env.upstream_url, "--host", "127.0.0.1"]
     flags += ["--port", str(port), "--admin-port", str(admin), *extra_args]
     argv = [str(ROOT / ".venv" / "bin" / "vllm-sidecar"), *flags]
-    extra_env: dict[str, str] = {}
+    extra_env = dict(extra_env or {})
     if wrap:
         argv = [str(python), *wrap[0], "-m", "proxy", *flags]
-        extra_env = wrap[1]
+        extra_env.update(wrap[1])
     log = env.run_dir / f"{name}.log"
     child = spawn(name, argv, cpus=env.proxy_cpus, log=log, env=extra_env)
     ready = f"http://127.0.0.1:{admin}/readyz"
@@ -185,18 +187,29 @@ class Target:
     start: Callable[[Env], Running]
     missing: Callable[[], str | None]  # why it cannot run here, or None
     install: Callable[[], None] | None = None
+    one_round: bool = False  # so slow that a second round would only cost time (LiteLLM)
 
 
-def sidecar_variant(label: str, flags: str) -> Target:
-    """The sidecar with extra flags, timed beside the default one (quiet=--log-level warning)."""
-    extra = tuple(shlex.split(flags))
+def sidecar_variant(label: str, spec: str) -> Target:
+    """The sidecar with extra flags (and leading NAME=VALUE environment), timed beside the default.
+
+    `quiet=--log-level warning`; `patched=PYTHONPATH=/tmp/copy` runs a patched copy of proxy/.
+    """
+    words = shlex.split(spec)
+    env = dict(w.split("=", 1) for w in itertools.takewhile(_is_assignment, words))
+    flags = tuple(words[len(env) :])
     return Target(
         f"sidecar-{label}",
-        f"vllm-sidecar {flags}",
+        f"vllm-sidecar {spec}",
         True,
-        lambda env: start_sidecar(env, extra_args=extra, name=f"sidecar-{label}"),
+        lambda e: start_sidecar(e, extra_args=flags, extra_env=env, name=f"sidecar-{label}"),
         _need(ROOT / ".venv" / "bin" / "vllm-sidecar", "bash scripts/test-env.sh"),
     )
+
+
+def _is_assignment(word: str) -> bool:
+    name, eq, _ = word.partition("=")
+    return bool(eq) and name.isidentifier() and not word.startswith("-")
 
 
 def _need(path: Path, hint: str) -> Callable[[], str | None]:
@@ -251,6 +264,7 @@ TARGETS: dict[str, Target] = {
             start_litellm,
             _need(ROOT / ".venv-bench-litellm" / "bin" / "litellm", "peer, installed on demand"),
             _peer_installer(".venv-bench-litellm", _pinned("litellm")),
+            one_round=True,
         ),
         Target(
             "baseline",
