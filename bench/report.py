@@ -26,6 +26,10 @@ def num(value: float | None, digits: int = 0) -> str:
     return f"{value:,.{digits}f}"
 
 
+def mb(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} MB"
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     # Added latencies near zero (nginx) or below it (noise) make no meaningful ratio.
     if a is None or b is None or b <= 0 or a < 0:
@@ -137,15 +141,15 @@ def markdown(doc: dict[str, Any]) -> str:
         "sidecar ÷ target from this one run (req/s: above 1 means the sidecar is faster; "
         "added latency and CPU: below 1 means the sidecar costs less).",
         "",
-        "| target | version | aliasing | ran | idle RSS |",
-        "|---|---|---|---|---|",
+        "| target | version | aliasing | ran | idle RSS | RSS at the end |",
+        "|---|---|---|---|---|---|",
     ]
     for t in targets.values():
         alias = "rewrites HF path" if t["aliasing"] else "sent the served name"
         ran = "yes" if t["status"] == "ok" else f"no: {t['reason']}"
         lines.append(
             f"| {t['label']} | {t.get('version') or '-'} | {alias} | {ran} | "
-            f"{num(t.get('idle_rss_mb'), 1)} MB |"
+            f"{mb(t.get('idle_rss_mb'))} | {mb(t.get('final_rss_mb'))} |"
         )
     lines += ["", "## At a glance", ""]
     lines += [
@@ -170,7 +174,7 @@ def markdown(doc: dict[str, Any]) -> str:
             continue
         lines += ["", f"## {scen.label} (`{sname}`)", ""]
         lines += [
-            "| target | req/s | p50 | p99 | added p50 | added p99 | CPU ms / 1k req | RSS MB | "
+            "| target | req/s | p50 | p99 | added p50 | added p99 | CPU ms / 1k req | RSS after | "
             "sidecar ÷ target: req/s | added p50 | CPU | check |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
@@ -183,7 +187,7 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append(
                 f"| {label} | {num(r['rps'])} | {us(r['p50_us'])} | {us(r['p99_us'])} | "
                 f"{us(r.get('added_p50_us'))} | {us(r.get('added_p99_us'))} | "
-                f"{num(r['cpu_ms_per_1k'], 1)} | {num(r['rss_mb'], 1)} | {rx(s['rps'])} | "
+                f"{num(r['cpu_ms_per_1k'], 1)} | {mb(r['rss_mb'])} | {rx(s['rps'])} | "
                 f"{rx(s['added_p50'])} | {rx(s['cpu_per_1k'])} | {r['check']} |"
             )
     lines += ["", "## Issue 6 targets (sidecar)", "", "| goal | measured | bound | pass |"]
