@@ -180,7 +180,10 @@ def soak(
             total += int(res["requests"])  # type: ignore[call-overload]
             sample = {"t": round(time.monotonic() - t0, 1), "rss_mb": rss_bytes(pid) / 2**20}
             samples.append({**sample, "requests": total})
-            print(f"soak t={sample['t']:.0f}s rss={sample['rss_mb']:.1f} MB requests={total}")
+            print(
+                f"soak t={sample['t']:.0f}s rss={sample['rss_mb']:.1f} MB requests={total}",
+                flush=True,
+            )
         running.child.stop()
     finally:
         upstream.stop()
