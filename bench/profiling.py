@@ -54,10 +54,10 @@ class Recording:
 def start(
     kind: str | None, name: str, pid: int, scenario: str, seconds: float, env: Env
 ) -> Recording | None:
-    if kind != "py-spy" or name != "sidecar":
+    if kind != "py-spy" or not name.startswith("sidecar"):
         return None
     venv = _ensure_prof_venv()
-    raw = env.run_dir.parent / f"sidecar-{scenario}.pyspy.txt"
+    raw = env.run_dir.parent / f"{name}-{scenario}.pyspy.txt"
     argv = [str(venv / "bin" / "py-spy"), "record", "--pid", str(pid), "--rate", "200"]
     argv += ["--duration", str(max(1, int(seconds))), "--nonblocking", "--format", "raw"]
     argv += ["--full-filenames"]
