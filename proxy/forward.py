@@ -12,7 +12,15 @@ from .errors import ShuttingDown, SidecarFailure
 from .exchange import CLIENT_CLOSED, Exchange
 from .inbound import read_body, resolve_model
 from .keys import DISCOVERY, IN_FLIGHT, METRICS, SESSION, SETTINGS, UPSTREAM
-from .relay import BUFFER_LIMIT, buffered_reply, error_reply, failure_response, stream_reply
+from .relay import (
+    BUFFER_LIMIT,
+    buffered_reply,
+    checked_json_reply,
+    error_reply,
+    failure_response,
+    stream_reply,
+    unframed_json,
+)
 from .sse import is_event_stream
 from .upstream import UPSTREAM_ERRORS, classify, target
 
@@ -84,6 +92,8 @@ async def _exchange(request: web.Request, ex: Exchange, body: bytes) -> web.Stre
                     and length <= BUFFER_LIMIT
                 ):
                     return await buffered_reply(ex, resp)
+                if unframed_json(resp):
+                    return await checked_json_reply(ex, resp)
                 return await stream_reply(request, ex, resp, metrics, discovery)
             finally:
                 ex.upstream_time = time.perf_counter() - sent
