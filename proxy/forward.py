@@ -59,6 +59,13 @@ async def _handle(request: web.Request, ex: Exchange) -> web.StreamResponse:
         return failure_response(ex, failure, metrics, discovery)
 
 
+def _origin_form(request: web.Request) -> str:
+    """The raw path and query to forward; an absolute-form target (RFC 9112 section 3.2.2,
+    `GET http://host/path`) keeps only those: the request still goes to the upstream."""
+    raw = request.raw_path
+    return raw if raw.startswith("/") else request.rel_url.raw_path_qs
+
+
 async def _exchange(request: web.Request, ex: Exchange, body: bytes) -> web.StreamResponse:
     app = request.app
     metrics, discovery, settings = app[METRICS], app[DISCOVERY], app[SETTINGS]
@@ -74,7 +81,7 @@ async def _exchange(request: web.Request, ex: Exchange, body: bytes) -> web.Stre
     try:
         async with app[SESSION].request(
             request.method,
-            target(app[UPSTREAM], request.raw_path),
+            target(app[UPSTREAM], _origin_form(request)),
             data=body if body or request.method in ("POST", "PUT", "PATCH") else None,
             headers=out_headers,
             allow_redirects=False,
