@@ -177,6 +177,20 @@ async def test_gzip_html_error_body_is_decoded_and_counted(
     assert failures(sidecar, "upstream_status", "502", source="upstream") == 1
 
 
+async def test_non_utf8_header_bytes_still_get_an_envelope(
+    sidecar: Sidecar, fake: FakeVLLM
+) -> None:
+    fake.script(
+        "POST /v1/completions",
+        raw(b"HTTP/1.1 500 Oops\r\nContent-Type: text/\xff\xfe\r\nContent-Length: 2\r\n\r\nab"),
+    )
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    err = await assert_envelope(resp, 500, "upstream_status")
+    assert err["upstream"]["content_type"] == "text/??"  # type: ignore[index]
+    assert err["upstream"]["body"] == "ab"  # type: ignore[index]
+    assert failures(sidecar, "upstream_status", "500", source="upstream") == 1
+
+
 async def test_10mb_error_body_is_cut_at_the_default_limit(
     sidecar: Sidecar, fake: FakeVLLM
 ) -> None:
