@@ -23,6 +23,7 @@ from ._support import (
     DEPLOY,
     KUBERNETES,
     REPO,
+    SCRAPE_CONFIG,
     alert_rules,
     dashboard,
     dashboard_panels,
@@ -181,6 +182,25 @@ def test_compose_provisions_prometheus_and_grafana_from_deploy_files() -> None:
     assert datasource["url"] == "http://prometheus:9090"
     home = services["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
     assert home == f"{provider['options']['path']}/{DASHBOARD.name}"
+
+
+def test_scrape_config_targets_are_what_compose_runs() -> None:
+    compose = _compose()
+    services = compose["services"]
+    hosts = set(services)
+    for service in services.values():
+        hosts.update(service.get("networks", {}).get("default", {}).get("aliases", []))
+    sidecar_env = services["sidecar"]["environment"]
+    config = load_yaml(SCRAPE_CONFIG)
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    [target] = jobs["vllm-sidecar"]["static_configs"][0]["targets"]
+    host, port = target.split(":")
+    assert host == "sidecar"
+    assert port == sidecar_env["VLLM_SIDECAR_ADMIN_PORT"]
+    for job in jobs.values():
+        for static in job["static_configs"]:
+            for t in static["targets"]:
+                assert t.split(":")[0] in hosts, t
 
 
 # -- Kubernetes --------------------------------------------------------------------------------
