@@ -161,7 +161,7 @@ class _SidecarWeightLoader(RemoteWeightLoader):
 
 def _unreachable(method: str, url: str, reason: str, what: str, exc: BaseException) -> SidecarError:
     return SidecarError(
-        f"{what} to the sidecar at {url}: {type(exc).__name__}: {exc}",
+        f"{what} to the sidecar ({type(exc).__name__}: {exc})",
         reason=reason,
         method=method,
         url=url,
