@@ -21,6 +21,7 @@ packages=(
 stamp="$VENV/.stamp-skyrl-$(printf '%s\n' "${packages[@]}" | sha256sum | cut -c1-12)"
 [ -f "$stamp" ] && exit 0
 # --no-deps for skyrl alone; the rest resolve their own (CPU-only) dependencies normally.
+# skyrl's unmet extras (datasets, peft, ...) are expected: only its inference-engine modules run.
 "$VENV/bin/pip" install -q --no-deps "${packages[0]}"
-"$VENV/bin/pip" install -q "${packages[@]:1}"
+"$VENV/bin/pip" install -q --no-warn-conflicts "${packages[@]:1}"
 touch "$stamp"

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import importlib
 import sys
+import traceback
 import typing
+from dataclasses import dataclass
 from typing import Any
 
 import typing_extensions
@@ -58,6 +60,8 @@ from skyrl.backends.skyrl_train.inference_engines.remote_inference_engine import
 )
 from skyrl.train.config import InferenceEngineConfig, SkyRLLoraConfig  # noqa: E402
 
+from proxy.skyrl import SidecarError, SidecarInferenceEngine  # noqa: E402
+
 # Two prompts of token ids: one request, two choices, as SkyRL batches them.
 SEED_PROMPTS = [[1, 2, 3], [4, 5]]
 
@@ -93,3 +97,47 @@ async def generate_via_skyrl(
     }
     output: dict[str, Any] = await client.generate(batch)
     return output
+
+
+@dataclass
+class SeedOutcome:
+    """What the three runs of :func:`check_seed` gave, for assertions and for the record."""
+
+    index_error: str  # the stock classes asking vLLM directly: the formatted traceback
+    through_sidecar: dict[str, Any]  # the stock classes through the sidecar: the output
+    sidecar_error: SidecarError  # SidecarInferenceEngine asking for an unserved name
+
+
+async def check_seed(
+    vllm: str, sidecar: str, requested: str, unserved: str, tokenizer: Any, served: list[str]
+) -> SeedOutcome:
+    """The seed before and after, against any vLLM (``host:port``) and a sidecar in front of it.
+
+    ``requested`` is a name vLLM does not serve but the sidecar resolves (the HF or local path
+    the model was loaded from); ``unserved`` resolves to nothing; ``served`` is what vLLM serves.
+    Raises AssertionError when any of the three runs ends differently from what this project
+    documents: IndexError direct, success through the sidecar, SidecarError with the upstream's
+    404 text and the served names from SidecarInferenceEngine (via InferenceEngineClient).
+    """
+    try:
+        output = await generate_via_skyrl(vllm, requested, tokenizer)
+    except IndexError:
+        index_error = traceback.format_exc()
+    else:
+        raise AssertionError(f"the seed no longer fails on skyrl 0.2.0: {output}")
+    fixed = await generate_via_skyrl(sidecar, requested, tokenizer)
+    n = len(SEED_PROMPTS)
+    assert len(fixed["responses"]) == len(fixed["response_ids"]) == n, fixed
+    assert all(isinstance(text, str) for text in fixed["responses"]), fixed
+    try:
+        await generate_via_skyrl(sidecar, unserved, tokenizer, engine_cls=SidecarInferenceEngine)
+    except SidecarError as exc:
+        error = exc
+    else:
+        raise AssertionError(f"SidecarInferenceEngine accepted the unserved name {unserved!r}")
+    text = str(error)
+    assert error.status == 404, repr(error)
+    assert f"`{unserved}` does not exist" in text, text
+    assert all(name in text for name in served), text
+    assert "\n" not in text, text
+    return SeedOutcome(index_error, fixed, error)

@@ -11,7 +11,7 @@ from proxy.skyrl import SidecarError, SidecarInferenceEngine
 from tests.conftest import MakeSidecar, Sidecar
 from tests.fake_vllm import FakeVLLM
 from tests.skyrl.conftest import HF_PATH, SERVED, hostport
-from tests.skyrl.seed import SEED_PROMPTS, generate_via_skyrl, make_client
+from tests.skyrl.seed import SEED_PROMPTS, check_seed, generate_via_skyrl, make_client
 
 pytestmark = pytest.mark.skyrl
 
@@ -108,3 +108,15 @@ async def test_two_engines_route_and_reassemble_through_the_client(
     assert output["responses"] == [" fox"] * 4
     sent = sorted(r.json()["prompt"] for r in fake.requests if r.raw_path == "/v1/completions")
     assert sent == [[[1], [2, 2]], [[3, 3, 3], [4]]]
+
+
+async def test_the_reusable_seed_check_passes_on_the_fake(
+    upstream: TestServer, sidecar: Sidecar, tokenizer: Any
+) -> None:
+    # tests/e2e runs the same check against a real vLLM.
+    outcome = await check_seed(
+        hostport(upstream), hostport(sidecar.client), HF_PATH, UNSERVED, tokenizer, [SERVED]
+    )
+    assert outcome.index_error.rstrip().endswith("IndexError: list index out of range")
+    assert outcome.through_sidecar["responses"] == [" fox"] * len(SEED_PROMPTS)
+    assert outcome.sidecar_error.served == [SERVED]
