@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import Iterable
 
 from multidict import CIMultiDict, MultiMapping, istr
@@ -55,7 +55,7 @@ def request_id(headers: MultiMapping[str]) -> str:
     given = headers.get(REQUEST_ID, "")
     if 0 < len(given) <= 200 and given.isprintable():
         return given
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()
 
 
 def upstream_request_headers(
