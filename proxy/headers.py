@@ -27,7 +27,9 @@ HOP_BY_HOP = frozenset(
     )
 )
 # Recomputed for the next hop: the host is the upstream's, the length is that of what we send.
-_REQUEST_DROP = HOP_BY_HOP | {istr("Host"), istr("Content-Length")}
+# Expect: the sidecar has already read the whole body (and answered 100 Continue itself), so
+# asking the upstream for permission to send it would only cost a round trip.
+_REQUEST_DROP = HOP_BY_HOP | {istr("Host"), istr("Content-Length"), istr("Expect")}
 _RESPONSE_DROP = HOP_BY_HOP
 
 
