@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.settings import Settings
 
+from ._processes import Stack, free_port, http_get, start_sidecar
 from ._support import (
     DOCKERFILE,
     KUBERNETES,
@@ -29,7 +30,6 @@ from ._support import (
     run,
     tool,
 )
-from .conftest import Stack, free_port, http_get, start_sidecar
 
 # Series Prometheus adds to every scrape itself; not the app's to export.
 PROMETHEUS_SERIES = {"up"}

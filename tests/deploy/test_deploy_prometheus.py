@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ._support import ALERTS, SCRAPE_CONFIG, dashboard, dashboard_queries, substitute, tool
-from .conftest import (
+from ._processes import (
     SERVED,
     Process,
     Stack,
@@ -24,6 +23,7 @@ from .conftest import (
     spawn,
     wait_until,
 )
+from ._support import ALERTS, SCRAPE_CONFIG, dashboard, dashboard_queries, substitute, tool
 
 
 @dataclass
@@ -49,7 +49,7 @@ class Prometheus:
         return {a["labels"]["alertname"]: a["state"] for a in self.api("alerts")["alerts"]}
 
 
-def test_config(stack: Stack) -> dict[str, Any]:
+def scrape_config_for(stack: Stack) -> dict[str, Any]:
     """The shipped scrape config with the test's ports in place of compose's service names."""
     config: dict[str, Any] = yaml.safe_load(SCRAPE_CONFIG.read_text())
     targets = {
@@ -66,14 +66,11 @@ def test_config(stack: Stack) -> dict[str, Any]:
     return config
 
 
-test_config.__test__ = False  # type: ignore[attr-defined]
-
-
 @pytest.fixture(scope="module")
 def prometheus(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
     workdir = tmp_path_factory.mktemp("prometheus")
     config = workdir / "prometheus.yml"
-    config.write_text(yaml.safe_dump(test_config(stack)))
+    config.write_text(yaml.safe_dump(scrape_config_for(stack)))
     port = free_port()
     process = spawn(
         [
