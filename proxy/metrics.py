@@ -19,7 +19,7 @@ KNOWN_ROUTES = frozenset(
         "/reset_encoder_cache /collective_rpc /abort_requests /release_kv_cache_memory "
         "/init_weight_transfer_engine /start_weight_update /finish_weight_update /update_weights "
         "/update_weight_version /weight_info /weight_checker /get_world_size "
-        "/init_weight_update_communicator /update_named_weights /destroy_weights_update_group "
+        "/init_weight_update_communicator /update_weights_skyrl /destroy_weights_update_group "
         "/kv_event_sources /is_scaling_elastic_ep /scale_elastic_ep"
     ).split()
 )
