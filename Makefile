@@ -35,4 +35,4 @@ unit:
 	$(BIN)/pytest -m "not vllm"
 
 clean:
-	rm -rf $(VENV) .venv-vllm .cache .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm .venv-deploy .cache .pytest_cache .mypy_cache .ruff_cache
