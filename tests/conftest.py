@@ -48,7 +48,7 @@ async def raw_http(client: TestClient[web.Request, web.Application], request: by
     try:
         writer.write(request)
         await writer.drain()
-        return await asyncio.wait_for(reader.read(1 << 20), 10)
+        return await asyncio.wait_for(reader.read(), 10)  # the requests send Connection: close
     finally:
         writer.close()
 

@@ -84,6 +84,13 @@ async def test_discovery_failure_keeps_the_last_table_and_counts(
     assert fake.last("/v1/completions").json()["model"] == "renamed"
 
 
+async def test_discovery_sends_the_upstream_api_key(
+    upstream: TestServer, make_sidecar: MakeSidecar, fake: FakeVLLM
+) -> None:
+    await make_sidecar(str(upstream.make_url("")), upstream_api_key="sk-test")
+    assert fake.last("/v1/models").headers["Authorization"] == "Bearer sk-test"
+
+
 async def test_fixed_served_names_skip_discovery(
     upstream: TestServer, make_sidecar: MakeSidecar, fake: FakeVLLM
 ) -> None:

@@ -84,6 +84,30 @@ async def test_non_json_bodies_are_not_touched(sidecar: Sidecar, fake: FakeVLLM)
     assert resolutions(sidecar, "absent", "") == 1
 
 
+async def test_encoded_request_bodies_are_not_parsed(sidecar: Sidecar, fake: FakeVLLM) -> None:
+    # An encoding the fake's aiohttp server will not try to inflate on its side.
+    raw = b"\x00opaque" + gzip.compress(b'{"model": "org/tiny-model"}')
+    fake.script("POST /v1/completions", respond(200, b"{}"))
+    headers = {"Content-Type": "application/json", "Content-Encoding": "x-opaque"}
+    resp = await sidecar.client.post("/v1/completions", data=raw, headers=headers)
+    assert resp.status == 200
+    assert fake.last("/v1/completions").body == raw
+
+
+async def test_expect_100_continue_is_answered_here(sidecar: Sidecar, fake: FakeVLLM) -> None:
+    body = b'{"model": "org/tiny-model", "prompt": "x"}'
+    reply = await raw_http(
+        sidecar.client,
+        b"POST /v1/completions HTTP/1.1\r\nHost: h\r\nContent-Type: application/json\r\n"
+        b"Expect: 100-continue\r\nConnection: close\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body,
+    )
+    assert b"200 OK" in reply
+    assert "Expect" not in fake.last("/v1/completions").headers
+
+
 async def test_unknown_model_gets_the_upstream_404_enveloped(sidecar: Sidecar) -> None:
     resp = await sidecar.client.post(
         "/v1/completions", json={"model": "other/tiny-modl", "prompt": "x"}
