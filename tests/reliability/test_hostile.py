@@ -343,3 +343,36 @@ async def test_envelope_survives_odd_bytes_in_the_path(make_sidecar: MakeSidecar
         assert reply.startswith(head(502)), reply[:300]
         assert envelope_of(reply)["reason"] == "upstream_unreachable"
     assert failures(sidecar, "upstream_unreachable", "502", route="other") == 3
+
+
+async def test_header_bytes_that_are_not_utf8_do_not_break_the_request(
+    sidecar: Sidecar, fake: FakeVLLM
+) -> None:
+    # Valid UTF-8 passes byte for byte; bytes that are not UTF-8 are dropped from the value
+    # (aiohttp decodes and re-encodes header values), and the request still goes through.
+    reply = await raw_http(
+        sidecar.client,
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Utf8: caf\xc3\xa9\r\nX-Latin1: \xff\xfe\r\n"
+        b"X-Request-Id: \xff\r\nConnection: close\r\n\r\n",
+    )
+    assert reply.startswith(head(200))
+    seen = fake.last("/v1/models").headers
+    assert seen["X-Utf8"] == "café"
+    assert seen["X-Latin1"] == ""
+    made = seen["X-Request-Id"]
+    assert len(made) == 32  # not printable as sent: a new one is made
+    assert f"X-Request-Id: {made}".encode() in reply
+
+
+@pytest.mark.parametrize(
+    "request_line", [b"OPTIONS * HTTP/1.1", b"CONNECT evil.example:443 HTTP/1.1"]
+)
+async def test_asterisk_and_authority_forms_are_not_forwarded(
+    sidecar: Sidecar, fake: FakeVLLM, request_line: bytes
+) -> None:
+    before = len(fake.requests)
+    reply = await raw_http(
+        sidecar.client, request_line + b"\r\nHost: evil.example\r\nConnection: close\r\n\r\n"
+    )
+    assert status_of(reply) == 404  # aiohttp's router: no route matches a target without "/"
+    assert [r for r in fake.requests[before:] if r.raw_path != "/health"] == []
