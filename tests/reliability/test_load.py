@@ -95,7 +95,10 @@ async def settle(pid: int, fds: int, within: float = 20) -> int:
 
 def sockets(pid: int) -> dict[str, int]:
     """The process's TCP sockets by state and peer port, to explain a descriptor count."""
-    out = subprocess.run(["ss", "-tanpH"], capture_output=True, text=True, check=False).stdout
+    try:
+        out = subprocess.run(["ss", "-tanpH"], capture_output=True, text=True, check=False).stdout
+    except FileNotFoundError:  # no iproute2: the count alone will have to do
+        return {}
     states: dict[str, int] = {}
     for line in out.splitlines():
         if f"pid={pid}," in line:

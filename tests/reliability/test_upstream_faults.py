@@ -209,7 +209,7 @@ async def test_trickle_is_relayed_event_by_event_without_timing_out(
 ) -> None:
     # Each event is sent only after the client has read the one before: a sidecar that buffered
     # would deadlock here. The whole stream lasts longer than the read timeout.
-    sidecar = await make_sidecar(str(upstream.make_url("")), read_timeout=0.5)
+    sidecar = await make_sidecar(str(upstream.make_url("")), read_timeout=1.0)
     received = asyncio.Event()
     n = 8
 
@@ -219,7 +219,7 @@ async def test_trickle_is_relayed_event_by_event_without_timing_out(
             received.clear()
             await resp.write(sse_chunk("tiny-model", i))
             await asyncio.wait_for(received.wait(), 5)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.2)  # 8 x 0.2 s: the stream outlasts the 1 s read timeout
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
