@@ -59,7 +59,8 @@ def status_type(status: int) -> str:
         phrase = HTTPStatus(status).phrase
     except ValueError:
         return "Error"
-    return "".join(w.capitalize() for w in phrase.replace("-", " ").split()) + "Error"
+    name = "".join(w.capitalize() for w in phrase.replace("-", " ").split())
+    return name if name.endswith("Error") else name + "Error"
 
 
 def decode_body(

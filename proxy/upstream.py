@@ -39,7 +39,8 @@ def make_session(settings: Settings) -> aiohttp.ClientSession:
         connector=connector,
         timeout=timeout,
         auto_decompress=False,  # relay Content-Encoding together with the bytes it describes
-        skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+        # Relay the client's headers, not aiohttp's: add none of its defaults.
+        skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
         cookie_jar=aiohttp.DummyCookieJar(),
         trust_env=False,
     )
