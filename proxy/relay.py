@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
+import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
 from . import envelope
 from .discovery import Discovery
-from .errors import SidecarFailure
+from .errors import ShuttingDown, SidecarFailure, UpstreamInvalidResponse
 from .exchange import CLIENT_CLOSED, Exchange
 from .headers import SIDECAR_ERROR, drop, response_headers
 from .inbound import model_info
+from .keys import IN_FLIGHT
 from .metrics import Metrics
 from .sse import ErrorWatcher, is_event_stream
 from .upstream import UPSTREAM_ERRORS, classify
@@ -82,12 +86,45 @@ async def error_reply(
     )
 
 
-async def buffered_reply(ex: Exchange, resp: aiohttp.ClientResponse) -> web.Response:
-    body = await resp.read()
+async def buffered_reply(
+    ex: Exchange, resp: aiohttp.ClientResponse, body: bytes | None = None
+) -> web.Response:
+    body = await resp.read() if body is None else body
     headers = response_headers(resp.headers, rid=ex.request_id)
     drop(headers, ("Content-Length",))
     ex.status = resp.status
     return web.Response(status=resp.status, body=body, headers=headers)
+
+
+def unframed_json(resp: aiohttp.ClientResponse) -> bool:
+    """A JSON body with neither Content-Length nor chunking: it ends when the connection closes
+    (RFC 9112 section 6.3), so an upstream that dies half way looks complete to HTTP."""
+    return (
+        resp.content_length is None
+        and resp.method != "HEAD"
+        and resp.status not in (204, 304)
+        and "chunked" not in resp.headers.get("Transfer-Encoding", "").lower()
+        and "json" in resp.headers.get("Content-Type", "").lower()
+    )
+
+
+async def checked_json_reply(ex: Exchange, resp: aiohttp.ClientResponse) -> web.Response:
+    """An unframed JSON body, read whole and relayed only when it parses: a cut one is a 502."""
+    body, over = await _read_capped(resp, BUFFER_LIMIT)
+    where = f"for {ex.method} {ex.path}"
+    if over:
+        raise UpstreamInvalidResponse(
+            f"The upstream sent a JSON body over {BUFFER_LIMIT} bytes without Content-Length "
+            f"or chunked framing {where}; the sidecar cannot tell whether it is complete."
+        )
+    try:
+        orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise UpstreamInvalidResponse(
+            f"The upstream's JSON body {where} ended before it was complete (no Content-Length;"
+            f" the connection closed after {len(body)} bytes): {exc}"
+        ) from None
+    return await buffered_reply(ex, resp, body)
 
 
 async def stream_reply(
@@ -105,51 +142,78 @@ async def stream_reply(
     out = web.StreamResponse(status=resp.status, headers=headers)
     ex.status = resp.status
     await out.prepare(request)
-    watcher = ErrorWatcher() if sse else None
-    chunks = resp.content.iter_any().__aiter__()
-    tail = b"\n\n"
-    while True:
-        try:
-            chunk = await anext(chunks)
-        except StopAsyncIteration:
-            break
-        except UPSTREAM_ERRORS as exc:
-            failure = classify(exc, where=f"while streaming {ex.method} {ex.path}")
-            ex.fail_with(metrics, failure)
-            if watcher is None:
-                # A relayed Content-Length or chunked framing left incomplete tells the client.
-                if request.transport is not None:
-                    request.transport.close()
-                return out
-            info = model_info(ex, discovery, suggest=False)
-            env = envelope.from_failure(failure, request_id=ex.request_id, model=info)
-            sep = b"" if tail.endswith(b"\n\n") else b"\n\n"
-            await _write(out, ex, metrics, sep + envelope.sse_event(env))
-            break
-        if watcher is not None:
-            watcher.feed(chunk)
-            tail = chunk[-2:]
-        if not await _write(out, ex, metrics, chunk):
+    stream = _Stream(out, ex, metrics, ErrorWatcher() if sse else None)
+    info = model_info(ex, discovery, suggest=False)
+    try:
+        failure = await stream.pump(resp)
+    except asyncio.CancelledError:
+        if sse and request.app[IN_FLIGHT].draining:
+            await stream.end_with(ShuttingDown(_GRACE_OVER), info)
+        raise
+    if failure is not None:
+        ex.fail_with(metrics, failure)
+        if not sse:
+            # A relayed Content-Length or chunked framing left incomplete tells the client.
+            if request.transport is not None:
+                request.transport.close()
             return out
-    if watcher is not None:
-        _count_stream_errors(ex, watcher, metrics)
+        await stream.end_with(failure, info)
+    if stream.client_gone:
+        return out
+    stream.count_errors()
     await out.write_eof()
     return out
 
 
-async def _write(out: web.StreamResponse, ex: Exchange, metrics: Metrics, data: bytes) -> bool:
-    try:
-        await out.write(data)
-    except ConnectionError:
-        metrics.disconnects.labels(ex.route).inc()
-        ex.reason = ex.reason or "client_disconnected"
-        ex.status = CLIENT_CLOSED
-        return False
-    return True
+_GRACE_OVER = "The sidecar shut down before the stream finished (--shutdown-grace ran out)."
 
 
-def _count_stream_errors(ex: Exchange, watcher: ErrorWatcher, metrics: Metrics) -> None:
-    for event in watcher.errors:
-        code = event["error"].get("code") if isinstance(event["error"], dict) else None
-        status = code if isinstance(code, int) and 100 <= code <= 599 else ex.status
-        ex.fail(metrics, "upstream", "upstream_stream_error", status)
+class _Stream:
+    """One relayed body: pumps chunks, watches SSE errors, notices a client that left."""
+
+    def __init__(
+        self, out: web.StreamResponse, ex: Exchange, metrics: Metrics, watcher: ErrorWatcher | None
+    ) -> None:
+        self.out, self.ex, self.metrics, self.watcher = out, ex, metrics, watcher
+        self.tail = b"\n\n"
+        self.client_gone = False
+
+    async def pump(self, resp: aiohttp.ClientResponse) -> SidecarFailure | None:
+        """Relay until the upstream ends (None), fails (the failure) or the client leaves."""
+        chunks = resp.content.iter_any().__aiter__()
+        while True:
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                return None
+            except UPSTREAM_ERRORS as exc:
+                return classify(exc, where=f"while streaming {self.ex.method} {self.ex.path}")
+            if self.watcher is not None:
+                self.watcher.feed(chunk)
+                self.tail = chunk[-2:]
+            if not await self.write(chunk):
+                return None
+
+    async def write(self, data: bytes) -> bool:
+        try:
+            await self.out.write(data)
+        except ConnectionError:
+            self.metrics.disconnects.labels(self.ex.route).inc()
+            self.ex.reason = self.ex.reason or "client_disconnected"
+            self.ex.status = CLIENT_CLOSED
+            self.client_gone = True
+            return False
+        return True
+
+    async def end_with(self, failure: SidecarFailure, info: envelope.ModelInfo | None) -> None:
+        """One SSE error event and [DONE], after whatever event the upstream left unfinished."""
+        env = envelope.from_failure(failure, request_id=self.ex.request_id, model=info)
+        sep = b"" if self.tail.endswith(b"\n\n") else b"\n\n"
+        if await self.write(sep + envelope.sse_event(env)):
+            await self.out.write_eof()
+
+    def count_errors(self) -> None:
+        for event in self.watcher.errors if self.watcher is not None else ():
+            code = event["error"].get("code") if isinstance(event["error"], dict) else None
+            status = code if isinstance(code, int) and 100 <= code <= 599 else self.ex.status
+            self.ex.fail(self.metrics, "upstream", "upstream_stream_error", status)
