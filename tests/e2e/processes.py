@@ -1,0 +1,316 @@
+"""Real processes for the end-to-end tests: a `vllm serve` and a sidecar, each in its own group.
+
+Each process is started in a new session (its own process group), so stopping it reaches every
+child vLLM forks (engine core, worker, resource tracker), and with a parent-death signal, so a
+test run that dies without tearing down still takes them along. SIGKILL skips vLLM's own
+cleanup of its shared-memory queues, so the /dev/shm files the group had mapped are removed
+after it is gone. An atexit hook stops whatever a run left behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_VENV = Path(os.environ.get("VLLM_VENV", ROOT / ".venv-vllm"))
+VLLM_VERSION = "0.32.0"
+
+_PR_SET_PDEATHSIG = 1
+_alive: set[ManagedProcess] = set()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    """The status `url` answers with, or None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (OSError, ValueError):
+        return None
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec. PR_SET_PDEATHSIG fires when the forking *thread*
+    # exits, so these processes must be started from the main thread (pytest's fixtures are).
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes whose process group is `pgid`."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # Fields after the parenthesised command: state, ppid, pgrp, ...
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def _shm_files(pids: Sequence[int]) -> set[Path]:
+    found: set[Path] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
+                    found.add(Path(parts[5].removesuffix(" (deleted)")))
+    return found
+
+
+class ManagedProcess:
+    """One command in its own process group, its output in a log file."""
+
+    def __init__(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str], log_path: Path
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.env = dict(env)
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __repr__(self) -> str:
+        pid = self.proc.pid if self.proc else None
+        return f"<{type(self).__name__} {self.name} pid={pid}>"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        assert not self.running, f"{self!r} is already running"
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        _alive.add(self)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def wait_until(self, url: str, expect: int = 200, deadline_s: float = 300.0) -> None:
+        """Poll `url` until it answers `expect`; fail early if the process exits."""
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            if not self.running:
+                raise RuntimeError(f"{self!r} exited before {url} answered:\n{self.log_tail()}")
+            if http_status(url) == expect:
+                return
+            time.sleep(0.25)
+        raise RuntimeError(f"{self!r}: {url} not {expect} after {deadline_s} s:\n{self.log_tail()}")
+
+    def signal_group(self, sig: signal.Signals) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM the group, SIGKILL what is left after `grace_s`; wait for all of it."""
+        if self.proc is None:
+            return
+        shm = _shm_files(_group_members(self.proc.pid))
+        self.signal_group(signal.SIGTERM)
+        if not self._wait_group_gone(grace_s):
+            self.signal_group(signal.SIGKILL)
+            self._wait_group_gone(30.0)
+        self._forget(shm)
+
+    def kill(self) -> None:
+        """SIGKILL the whole group at once, as a crash would; wait until it is gone."""
+        if self.proc is None:
+            return
+        shm = _shm_files(_group_members(self.proc.pid))
+        self.signal_group(signal.SIGKILL)
+        self._wait_group_gone(30.0)
+        self._forget(shm)
+
+    def _wait_group_gone(self, timeout_s: float) -> bool:
+        assert self.proc is not None
+        end = time.monotonic() + timeout_s
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=timeout_s)
+        while time.monotonic() < end:
+            if not _group_members(self.proc.pid):
+                return True
+            time.sleep(0.1)
+        return not _group_members(self.proc.pid)
+
+    def _forget(self, shm: set[Path]) -> None:
+        leftover = _group_members(self.proc.pid) if self.proc else []
+        if leftover:
+            raise RuntimeError(f"{self!r}: processes {leftover} outlived SIGKILL")
+        for path in shm:
+            path.unlink(missing_ok=True)
+        _alive.discard(self)
+        self.proc = None
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for process in list(_alive):
+        process.kill()
+
+
+class VllmServer(ManagedProcess):
+    """A real `vllm serve` of a local model directory on 127.0.0.1, on CPU, offline."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        run_dir: Path,
+        *,
+        served_model_name: str,
+        max_model_len: int = 512,
+        port: int | None = None,
+    ) -> None:
+        self.model_dir = model_dir
+        self.run_dir = run_dir
+        self.port = port or free_port()
+        self.max_model_len = max_model_len
+        self.served_model_name = served_model_name
+        self.starts = 0
+        super().__init__("vllm", [], self._env(), run_dir / "vllm.log")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _env(self) -> dict[str, str]:
+        # Everything vLLM, torch, HF and the usage reporter write goes under this run's directory.
+        home, tmp, cache = (self.run_dir / d for d in ("home", "tmp", "cache"))
+        for d in (home, tmp, cache):
+            d.mkdir(parents=True, exist_ok=True)
+        keep = ("PATH", "LANG", "LC_ALL", "TZ")
+        env = {k: os.environ[k] for k in keep if k in os.environ}
+        env.update(
+            HOME=str(home),
+            TMPDIR=str(tmp),
+            XDG_CACHE_HOME=str(cache),
+            XDG_CONFIG_HOME=str(home / ".config"),
+            VLLM_CACHE_ROOT=str(cache / "vllm"),
+            VLLM_CONFIG_ROOT=str(home / ".config/vllm"),
+            HF_HOME=str(cache / "huggingface"),
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+            VLLM_CPU_KVCACHE_SPACE="1",
+            PYTHONUNBUFFERED="1",
+        )
+        return env
+
+    def start(self) -> None:
+        self.argv = [
+            str(VLLM_VENV / "bin/vllm"),
+            "serve",
+            str(self.model_dir),
+            "--served-model-name",
+            self.served_model_name,
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            str(self.max_model_len),
+            "--enforce-eager",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
+        self.starts += 1
+        with self.log_path.open("a") as log:
+            log.write(f"\n==== start {self.starts}: {' '.join(self.argv)}\n")
+        super().start()
+        self.wait_until(f"{self.url}/health")
+
+    def restart(self, served_model_name: str | None = None) -> None:
+        """Stop, then start again on the same port, optionally under another served name."""
+        self.stop()
+        if served_model_name is not None:
+            self.served_model_name = served_model_name
+        self.start()
+
+
+class SidecarProcess(ManagedProcess):
+    """The sidecar, started through its CLI (`python -m proxy`) in the test venv."""
+
+    def __init__(self, upstream_url: str, run_dir: Path, *extra_args: str) -> None:
+        self.port = free_port()
+        self.admin_port = free_port()
+        argv = [
+            os.environ.get("SIDECAR_PYTHON", sys.executable),
+            "-m",
+            "proxy",
+            "--upstream-url",
+            upstream_url,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--admin-port",
+            str(self.admin_port),
+            *extra_args,
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_SIDECAR_")}
+        super().__init__("sidecar", argv, env, run_dir / f"sidecar-{self.port}.log")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def start(self) -> None:
+        super().start()
+        self.wait_until(f"{self.admin_url}/readyz", deadline_s=60)
+
+
+P = TypeVar("P", bound=ManagedProcess)
+
+
+@contextlib.contextmanager
+def running(process: P) -> Iterator[P]:
+    """Start `process`, and stop it whatever happens in the block (failure, Ctrl-C)."""
+    try:
+        process.start()
+        yield process
+    finally:
+        process.stop()
