@@ -1,0 +1,43 @@
+"""The admin port: the sidecar's own metrics, liveness, readiness and model table."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from .keys import DISCOVERY, METRICS
+
+PROXY = web.AppKey("proxy", web.Application)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    registry = request.app[PROXY][METRICS].registry
+    return web.Response(
+        body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )
+
+
+async def livez(request: web.Request) -> web.Response:
+    # Never depends on the upstream: restarting the sidecar cannot fix a dead vLLM.
+    return web.json_response({"live": True})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    ready, detail = request.app[PROXY][DISCOVERY].readiness()
+    return web.json_response(detail, status=200 if ready else 503)
+
+
+async def models(request: web.Request) -> web.Response:
+    discovery = request.app[PROXY][DISCOVERY]
+    return web.json_response({"models_known": discovery.models_known, **discovery.table.describe()})
+
+
+def create_admin_app(proxy: web.Application) -> web.Application:
+    """The admin application, reading the state of the proxy application it watches."""
+    app = web.Application()
+    app[PROXY] = proxy
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/livez", livez)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/models", models)
+    return app

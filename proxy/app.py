@@ -1,0 +1,42 @@
+"""Wiring: settings -> the proxy application, its metrics, upstream session and discovery."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from .discovery import Discovery
+from .forward import handle
+from .keys import DISCOVERY, METRICS, SESSION, SETTINGS, UPSTREAM
+from .metrics import Metrics
+from .settings import Settings
+from .upstream import base_url, make_session
+
+
+async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
+    async with make_session(app[SETTINGS]) as session:
+        app[SESSION] = session
+        async with app[DISCOVERY].running(session):
+            yield
+
+
+async def _mark_draining(app: web.Application) -> None:
+    # on_shutdown runs after the listeners close and before in-flight requests are awaited.
+    app[DISCOVERY].draining = True
+
+
+def create_app(settings: Settings, *, registry: CollectorRegistry | None = None) -> web.Application:
+    """The proxy application: every method and path is forwarded to the upstream."""
+    # A body up to the limit must reach the handler, which answers 413 with an envelope itself.
+    app = web.Application(client_max_size=settings.max_body_bytes)
+    metrics = Metrics(registry if registry is not None else CollectorRegistry())
+    app[SETTINGS] = settings
+    app[METRICS] = metrics
+    app[UPSTREAM] = base_url(settings)
+    app[DISCOVERY] = Discovery(settings, metrics, app[UPSTREAM])
+    app.cleanup_ctx.append(_upstream_ctx)
+    app.on_shutdown.append(_mark_draining)
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app

@@ -1,0 +1,190 @@
+"""The one error envelope: every error the sidecar returns is built here, as pure data."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+
+import orjson
+
+from .errors import SidecarFailure
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    requested: str | None
+    resolved: str | None
+    served: tuple[str, ...] = ()
+    suggestions: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "requested": self.requested,
+            "resolved": self.resolved,
+            "served": list(self.served),
+            "suggestions": list(self.suggestions),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamReply:
+    """What the upstream answered with, as far as the sidecar read it."""
+
+    status: int
+    method: str
+    path: str
+    content_type: str | None
+    body: Any = None
+    body_truncated: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "method": self.method,
+            "path": self.path,
+            "content_type": self.content_type,
+            "body": self.body,
+            "body_truncated": self.body_truncated,
+        }
+
+
+def status_type(status: int) -> str:
+    """`404` -> `NotFoundError`, the naming vLLM and the OpenAI SDK use."""
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+    return "".join(w.capitalize() for w in phrase.replace("-", " ").split()) + "Error"
+
+
+def decode_body(
+    raw: bytes, *, content_type: str | None, content_encoding: str | None, truncated: bool
+) -> Any:
+    """The upstream body as JSON when it is JSON, else as text; never raises."""
+    if content_encoding and content_encoding.lower() in ("gzip", "deflate", "x-gzip"):
+        try:
+            # wbits 47 accepts both gzip and zlib framing; a cut body yields what it can.
+            raw = zlib.decompressobj(47).decompress(raw)
+        except zlib.error:
+            return raw.decode("utf-8", "replace")
+    if not truncated and raw and (content_type is None or "json" in content_type.lower()):
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return raw.decode("utf-8", "replace")
+
+
+def upstream_message(body: Any) -> str:
+    """The human part of an upstream error body, whatever its shape."""
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        for key in ("detail", "message"):
+            if isinstance(body.get(key), str):
+                return str(body[key])
+        return orjson.dumps(body).decode()[:500]
+    if isinstance(body, str):
+        text = " ".join(body.split())
+        return text[:500] if text else "(empty body)"
+    return "(empty body)" if body is None else str(body)[:500]
+
+
+def _envelope(
+    *,
+    message: str,
+    type_: str,
+    param: str | None,
+    code: int,
+    source: str,
+    reason: str,
+    retryable: bool,
+    request_id: str,
+    model: ModelInfo | None,
+    upstream: UpstreamReply | None,
+) -> dict[str, Any]:
+    error: dict[str, Any] = {
+        "message": message,
+        "type": type_,
+        "param": param,
+        "code": code,
+        "source": source,
+        "reason": reason,
+        "retryable": retryable,
+        "request_id": request_id,
+    }
+    if model is not None:
+        error["model"] = model.as_dict()
+    if upstream is not None:
+        error["upstream"] = upstream.as_dict()
+    return {"error": error}
+
+
+def from_failure(
+    failure: SidecarFailure,
+    *,
+    request_id: str,
+    model: ModelInfo | None = None,
+    upstream: UpstreamReply | None = None,
+) -> dict[str, Any]:
+    """The envelope for a failure the sidecar itself detected."""
+    return _envelope(
+        message=failure.message,
+        type_=status_type(failure.status),
+        param=failure.param,
+        code=failure.status,
+        source=failure.source,
+        reason=failure.reason,
+        retryable=failure.retryable,
+        request_id=request_id,
+        model=model,
+        upstream=upstream,
+    )
+
+
+def from_upstream_status(
+    reply: UpstreamReply, *, request_id: str, model: ModelInfo | None = None
+) -> dict[str, Any]:
+    """The envelope for an upstream 4xx/5xx: its status kept, its body attached."""
+    body = reply.body
+    err = body.get("error") if isinstance(body, dict) else None
+    err = err if isinstance(err, dict) else {}
+    message = (
+        f"Upstream returned {reply.status} for {reply.method} {reply.path}: "
+        f"{upstream_message(body)}"
+    )
+    if model is not None and model.resolved is None and model.served and reply.status == 404:
+        message += f" Served: {', '.join(model.served)}"
+        if model.suggestions:
+            message += f". Did you mean: {', '.join(model.suggestions)}?"
+    type_ = err.get("type") if isinstance(err.get("type"), str) else status_type(reply.status)
+    param = err.get("param") if isinstance(err.get("param"), str) else None
+    return _envelope(
+        message=message,
+        type_=str(type_),
+        param=param,
+        code=reply.status,
+        source="upstream",
+        reason="upstream_status",
+        retryable=reply.status in (408, 429) or reply.status >= 500,
+        request_id=request_id,
+        model=model,
+        upstream=reply,
+    )
+
+
+def encode(envelope: dict[str, Any]) -> bytes:
+    return orjson.dumps(envelope)
+
+
+def sse_event(envelope: dict[str, Any]) -> bytes:
+    """One SSE error event then the end marker, the way vLLM reports in-stream errors."""
+    return b"data: " + orjson.dumps(envelope) + b"\n\n" + SSE_DONE

@@ -1,0 +1,84 @@
+"""The sidecar's error hierarchy: one class per failure reason, each knowing its status."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class SidecarFailure(Exception):
+    """A failure the sidecar reports to the client as an error envelope."""
+
+    reason: ClassVar[str] = "internal_error"
+    status: ClassVar[int] = 500
+    source: ClassVar[str] = "sidecar"
+    retryable: ClassVar[bool] = False
+    param: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, **extra: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        if param is not None:
+            self.param = param
+        self.extra = extra
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(reason={self.reason!r}, status={self.status}, {self.message!r})"
+        )
+
+
+class UpstreamUnreachable(SidecarFailure):
+    reason = "upstream_unreachable"
+    status = 502
+    retryable = True
+
+
+class UpstreamTimeout(SidecarFailure):
+    reason = "upstream_timeout"
+    status = 504
+    retryable = True
+
+
+class UpstreamDisconnected(SidecarFailure):
+    reason = "upstream_disconnected"
+    status = 502
+    retryable = True
+
+
+class UpstreamInvalidResponse(SidecarFailure):
+    """The upstream answered with something that is not valid HTTP."""
+
+    reason = "upstream_invalid_response"
+    status = 502
+    retryable = True
+
+
+class ModelAmbiguous(SidecarFailure):
+    reason = "model_ambiguous"
+    status = 400
+    param = "model"
+
+
+class InvalidJSON(SidecarFailure):
+    reason = "invalid_json"
+    status = 400
+
+
+class InvalidRequest(SidecarFailure):
+    """A request the sidecar cannot forward unambiguously (e.g. two top-level `model` keys)."""
+
+    reason = "invalid_request"
+    status = 400
+
+
+class BodyTooLarge(SidecarFailure):
+    reason = "body_too_large"
+    status = 413
+
+
+class ShuttingDown(SidecarFailure):
+    """The grace period ran out while this request was still in flight."""
+
+    reason = "shutting_down"
+    status = 503
+    retryable = True

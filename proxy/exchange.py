@@ -1,0 +1,76 @@
+"""One request's record, and how it is observed: the request metrics and the one log line."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from .errors import SidecarFailure
+from .metrics import Metrics, method_label, route_label
+from .resolution import ABSENT
+
+log = logging.getLogger("proxy.access")
+
+CLIENT_CLOSED = 499  # nginx's convention for a client that hung up before the answer
+
+
+@dataclass(slots=True)
+class Exchange:
+    method: str
+    path: str
+    request_id: str
+    route: str = ""
+    started: float = field(default_factory=time.perf_counter)
+    status: int = 0
+    requested: str | None = None
+    resolved: str | None = None
+    rule: str = ABSENT
+    reason: str | None = None
+    upstream_time: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.route = route_label(self.path)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def fail(self, metrics: Metrics, source: str, reason: str, status: int) -> None:
+        """Count one failure; the first one names the request's outcome in the log."""
+        metrics.failures.labels(self.route, source, reason, str(status)).inc()
+        self.reason = self.reason or reason
+
+    def fail_with(self, metrics: Metrics, failure: SidecarFailure) -> None:
+        self.fail(metrics, failure.source, failure.reason, failure.status)
+
+    def finish(self, metrics: Metrics) -> None:
+        duration = self.elapsed()
+        metrics.requests.labels(self.route, method_label(self.method), str(self.status)).inc()
+        metrics.duration.labels(self.route).observe(duration)
+        metrics.overhead.labels(self.route).observe(max(duration - self.upstream_time, 0.0))
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "%s %s %d %.1fms model=%s->%s rule=%s request_id=%s%s",
+                self.method,
+                self.path,
+                self.status,
+                duration * 1000,
+                self.requested,
+                self.resolved,
+                self.rule,
+                self.request_id,
+                f" reason={self.reason}" if self.reason else "",
+                extra={
+                    "fields": {
+                        "method": self.method,
+                        "path": self.path,
+                        "status": self.status,
+                        "duration_ms": round(duration * 1000, 3),
+                        "model_requested": self.requested,
+                        "model_resolved": self.resolved,
+                        "rule": self.rule,
+                        "request_id": self.request_id,
+                        "reason": self.reason,
+                    }
+                },
+            )

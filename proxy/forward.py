@@ -1,0 +1,89 @@
+"""The forwarding handler: request in -> resolve -> forward -> relay back, or an envelope."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+
+from . import headers as hdrs
+from .errors import ShuttingDown, SidecarFailure
+from .exchange import CLIENT_CLOSED, Exchange
+from .inbound import read_body, resolve_model
+from .keys import DISCOVERY, METRICS, SESSION, SETTINGS, UPSTREAM
+from .relay import BUFFER_LIMIT, buffered_reply, error_reply, failure_response, stream_reply
+from .sse import is_event_stream
+from .upstream import UPSTREAM_ERRORS, classify, target
+
+
+async def handle(request: web.Request) -> web.StreamResponse:
+    metrics = request.app[METRICS]
+    ex = Exchange(request.method, request.path, hdrs.request_id(request.headers))
+    in_flight = metrics.in_flight.labels(ex.route)
+    in_flight.inc()
+    try:
+        return await _handle(request, ex)
+    except asyncio.CancelledError:
+        # The client hung up (handler cancellation), or the shutdown grace period ran out.
+        if request.app[DISCOVERY].draining:
+            ex.fail_with(metrics, ShuttingDown("the sidecar shut down"))
+        else:
+            metrics.disconnects.labels(ex.route).inc()
+            ex.reason = ex.reason or "client_disconnected"
+        ex.status = CLIENT_CLOSED if ex.status == 0 else ex.status
+        raise
+    finally:
+        in_flight.dec()
+        ex.finish(metrics)
+
+
+async def _handle(request: web.Request, ex: Exchange) -> web.StreamResponse:
+    app = request.app
+    metrics, discovery = app[METRICS], app[DISCOVERY]
+    try:
+        body = await read_body(request, app[SETTINGS].max_body_bytes)
+        body = await resolve_model(request, body, ex, discovery, metrics)
+        return await _exchange(request, ex, body)
+    except SidecarFailure as failure:
+        return failure_response(ex, failure, metrics, discovery)
+
+
+async def _exchange(request: web.Request, ex: Exchange, body: bytes) -> web.StreamResponse:
+    app = request.app
+    metrics, discovery, settings = app[METRICS], app[DISCOVERY], app[SETTINGS]
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    out_headers = hdrs.upstream_request_headers(
+        request.headers,
+        rid=ex.request_id,
+        client_ip=peer[0] if isinstance(peer, tuple) else None,
+        scheme=request.scheme,
+        host=request.host,
+    )
+    sent = time.perf_counter()
+    try:
+        async with app[SESSION].request(
+            request.method,
+            target(app[UPSTREAM], request.raw_path),
+            data=body if body or request.method in ("POST", "PUT", "PATCH") else None,
+            headers=out_headers,
+            allow_redirects=False,
+        ) as resp:
+            metrics.ttfb.labels(ex.route).observe(time.perf_counter() - sent)
+            try:
+                if resp.status >= 400:
+                    return await error_reply(
+                        ex, resp, metrics, discovery, settings.error_body_bytes
+                    )
+                length = resp.content_length
+                if (
+                    not is_event_stream(resp.headers.get("Content-Type"))
+                    and length is not None
+                    and length <= BUFFER_LIMIT
+                ):
+                    return await buffered_reply(ex, resp)
+                return await stream_reply(request, ex, resp, metrics, discovery)
+            finally:
+                ex.upstream_time = time.perf_counter() - sent
+    except UPSTREAM_ERRORS as exc:
+        raise classify(exc, where=f"for {ex.method} {ex.path}") from exc

@@ -1,0 +1,88 @@
+"""Header rules for a forwarding proxy: hop-by-hop removal, X-Forwarded-*, the request id."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+
+from multidict import CIMultiDict, MultiMapping, istr
+
+REQUEST_ID = istr("X-Request-Id")
+SIDECAR_ERROR = istr("X-Sidecar-Error")
+
+# RFC 9110 section 7.6.1: connection-specific fields a proxy must not forward, plus the fields
+# RFC 7230 listed as hop-by-hop that clients still send.
+HOP_BY_HOP = frozenset(
+    istr(h)
+    for h in (
+        "Connection",
+        "Proxy-Connection",
+        "Keep-Alive",
+        "TE",
+        "Trailer",
+        "Transfer-Encoding",
+        "Upgrade",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+    )
+)
+# Recomputed for the next hop: the host is the upstream's, the length is that of what we send.
+_REQUEST_DROP = HOP_BY_HOP | {istr("Host"), istr("Content-Length")}
+_RESPONSE_DROP = HOP_BY_HOP
+
+
+def _connection_tokens(headers: MultiMapping[str]) -> set[istr]:
+    # RFC 9110 section 7.6.1: fields named by Connection are hop-by-hop too.
+    return {
+        istr(token.strip())
+        for value in headers.getall("Connection", ())
+        for token in value.split(",")
+        if token.strip()
+    }
+
+
+def _filtered(headers: MultiMapping[str], drop: frozenset[istr]) -> CIMultiDict[str]:
+    named = _connection_tokens(headers)
+    out: CIMultiDict[str] = CIMultiDict()
+    for key, value in headers.items():
+        if key not in drop and key not in named:
+            out.add(key, value)
+    return out
+
+
+def request_id(headers: MultiMapping[str]) -> str:
+    """The client's X-Request-Id when it sent a sane one, else a new one."""
+    given = headers.get(REQUEST_ID, "")
+    if 0 < len(given) <= 200 and given.isprintable():
+        return given
+    return uuid.uuid4().hex
+
+
+def upstream_request_headers(
+    headers: MultiMapping[str],
+    *,
+    rid: str,
+    client_ip: str | None,
+    scheme: str,
+    host: str | None,
+) -> CIMultiDict[str]:
+    out = _filtered(headers, frozenset(_REQUEST_DROP))
+    forwarded_for = ", ".join(v for v in (*headers.getall("X-Forwarded-For", ()), client_ip) if v)
+    if forwarded_for:
+        out["X-Forwarded-For"] = forwarded_for
+    out["X-Forwarded-Proto"] = scheme
+    if host:
+        out["X-Forwarded-Host"] = host
+    out[REQUEST_ID] = rid
+    return out
+
+
+def response_headers(headers: MultiMapping[str], *, rid: str) -> CIMultiDict[str]:
+    out = _filtered(headers, _RESPONSE_DROP)
+    out[REQUEST_ID] = rid
+    return out
+
+
+def drop(headers: CIMultiDict[str], names: Iterable[str]) -> None:
+    for name in names:
+        headers.popall(name, None)

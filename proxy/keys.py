@@ -1,0 +1,17 @@
+"""The typed slots an app carries; nothing else is stored on an app."""
+
+from __future__ import annotations
+
+import aiohttp
+from aiohttp import web
+from yarl import URL
+
+from .discovery import Discovery
+from .metrics import Metrics
+from .settings import Settings
+
+SETTINGS = web.AppKey("settings", Settings)
+METRICS = web.AppKey("metrics", Metrics)
+DISCOVERY = web.AppKey("discovery", Discovery)
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+UPSTREAM = web.AppKey("upstream", URL)

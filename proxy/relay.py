@@ -1,0 +1,155 @@
+"""The upstream's answer back to the client: errors enveloped, bodies relayed, streams watched."""
+
+from __future__ import annotations
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from . import envelope
+from .discovery import Discovery
+from .errors import SidecarFailure
+from .exchange import CLIENT_CLOSED, Exchange
+from .headers import SIDECAR_ERROR, drop, response_headers
+from .inbound import model_info
+from .metrics import Metrics
+from .sse import ErrorWatcher, is_event_stream
+from .upstream import UPSTREAM_ERRORS, classify
+
+# Non-streamed bodies up to this size are read whole before answering, so that an upstream that
+# drops mid-body still gets the client a proper 502 envelope instead of a cut body.
+BUFFER_LIMIT = 16 * 1024 * 1024
+_ENTITY = ("Content-Length", "Content-Type", "Content-Encoding")
+
+
+def envelope_response(
+    ex: Exchange, status: int, env: dict[str, object], headers: CIMultiDict[str] | None = None
+) -> web.Response:
+    out = headers if headers is not None else CIMultiDict()
+    drop(out, _ENTITY)
+    out[SIDECAR_ERROR] = str(env["error"]["reason"])  # type: ignore[index]
+    out["X-Request-Id"] = ex.request_id
+    ex.status = status
+    return web.Response(
+        status=status, body=envelope.encode(env), content_type="application/json", headers=out
+    )
+
+
+def failure_response(
+    ex: Exchange, failure: SidecarFailure, metrics: Metrics, discovery: Discovery
+) -> web.Response:
+    ex.fail_with(metrics, failure)
+    info = model_info(ex, discovery, suggest=False)
+    env = envelope.from_failure(failure, request_id=ex.request_id, model=info)
+    if "candidates" in failure.extra and info is not None:
+        env["error"]["model"]["suggestions"] = failure.extra["candidates"]
+    return envelope_response(ex, failure.status, env)
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+    parts, size = [], 0
+    async for chunk in resp.content.iter_any():
+        parts.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return b"".join(parts)[:limit], True
+    return b"".join(parts), False
+
+
+async def error_reply(
+    ex: Exchange, resp: aiohttp.ClientResponse, metrics: Metrics, discovery: Discovery, limit: int
+) -> web.Response:
+    """An upstream 4xx/5xx: its status kept, its body parsed and attached to the envelope."""
+    raw, truncated = await _read_capped(resp, limit)
+    reply = envelope.UpstreamReply(
+        status=resp.status,
+        method=ex.method,
+        path=ex.path,
+        content_type=resp.headers.get("Content-Type"),
+        body=envelope.decode_body(
+            raw,
+            content_type=resp.headers.get("Content-Type"),
+            content_encoding=resp.headers.get("Content-Encoding"),
+            truncated=truncated,
+        ),
+        body_truncated=truncated,
+    )
+    info = model_info(ex, discovery, suggest=resp.status == 404)
+    env = envelope.from_upstream_status(reply, request_id=ex.request_id, model=info)
+    ex.fail(metrics, "upstream", "upstream_status", resp.status)
+    return envelope_response(
+        ex, resp.status, env, response_headers(resp.headers, rid=ex.request_id)
+    )
+
+
+async def buffered_reply(ex: Exchange, resp: aiohttp.ClientResponse) -> web.Response:
+    body = await resp.read()
+    headers = response_headers(resp.headers, rid=ex.request_id)
+    drop(headers, ("Content-Length",))
+    ex.status = resp.status
+    return web.Response(status=resp.status, body=body, headers=headers)
+
+
+async def stream_reply(
+    request: web.Request,
+    ex: Exchange,
+    resp: aiohttp.ClientResponse,
+    metrics: Metrics,
+    discovery: Discovery,
+) -> web.StreamResponse:
+    """Relay as bytes arrive; a failure after the headers becomes an SSE error event."""
+    sse = is_event_stream(resp.headers.get("Content-Type"))
+    headers = response_headers(resp.headers, rid=ex.request_id)
+    if sse:
+        drop(headers, ("Content-Length",))  # an error event may have to be appended
+    out = web.StreamResponse(status=resp.status, headers=headers)
+    ex.status = resp.status
+    await out.prepare(request)
+    watcher = ErrorWatcher() if sse else None
+    chunks = resp.content.iter_any().__aiter__()
+    tail = b"\n\n"
+    while True:
+        try:
+            chunk = await anext(chunks)
+        except StopAsyncIteration:
+            break
+        except UPSTREAM_ERRORS as exc:
+            failure = classify(exc, where=f"while streaming {ex.method} {ex.path}")
+            ex.fail_with(metrics, failure)
+            if watcher is None:
+                # A relayed Content-Length or chunked framing left incomplete tells the client.
+                if request.transport is not None:
+                    request.transport.close()
+                return out
+            info = model_info(ex, discovery, suggest=False)
+            env = envelope.from_failure(failure, request_id=ex.request_id, model=info)
+            sep = b"" if tail.endswith(b"\n\n") else b"\n\n"
+            await _write(out, ex, metrics, sep + envelope.sse_event(env))
+            break
+        if watcher is not None:
+            watcher.feed(chunk)
+            tail = chunk[-2:]
+        if not await _write(out, ex, metrics, chunk):
+            return out
+    if watcher is not None:
+        _count_stream_errors(ex, watcher, metrics)
+    await out.write_eof()
+    return out
+
+
+async def _write(out: web.StreamResponse, ex: Exchange, metrics: Metrics, data: bytes) -> bool:
+    try:
+        await out.write(data)
+    except ConnectionError:
+        metrics.disconnects.labels(ex.route).inc()
+        ex.reason = ex.reason or "client_disconnected"
+        ex.status = CLIENT_CLOSED
+        return False
+    return True
+
+
+def _count_stream_errors(ex: Exchange, watcher: ErrorWatcher, metrics: Metrics) -> None:
+    for event in watcher.errors:
+        code = event["error"].get("code") if isinstance(event["error"], dict) else None
+        status = code if isinstance(code, int) and 100 <= code <= 599 else ex.status
+        ex.fail(metrics, "upstream", "upstream_stream_error", status)

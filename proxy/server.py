@@ -1,0 +1,63 @@
+"""Running the sidecar: both listeners, the event loop, signals and the graceful drain."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+from aiohttp import web
+
+from .admin import create_admin_app
+from .app import create_app
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
+    """Serve until SIGTERM/SIGINT (or `stop`), then drain within the grace period."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    proxy = create_app(settings)
+    # aiohttp's default leaves a handler running after its client hangs up, and with it the
+    # generation on the GPU; cancelling it closes the upstream request, and vLLM aborts.
+    runner = web.AppRunner(
+        proxy,
+        handler_cancellation=True,
+        shutdown_timeout=settings.shutdown_grace,
+        access_log=None,
+        handle_signals=False,
+    )
+    admin = web.AppRunner(create_admin_app(proxy), access_log=None, handle_signals=False)
+    await runner.setup()
+    await admin.setup()
+    try:
+        await web.TCPSite(runner, settings.host, settings.port, backlog=1024).start()
+        await web.TCPSite(admin, settings.host, settings.admin_port).start()
+        log.info(
+            "vllm-sidecar on %s:%d (admin %d) -> %s",
+            settings.host,
+            settings.port,
+            settings.admin_port,
+            settings.upstream_url,
+        )
+        await stop.wait()
+        log.info("stopping: draining in-flight requests for up to %.0fs", settings.shutdown_grace)
+    finally:
+        await runner.cleanup()  # stop accepting, drain, then close the upstream session
+        await admin.cleanup()
+    log.info("stopped")
+
+
+def run(settings: Settings) -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
+        asyncio.run(serve(settings))
+    else:
+        uvloop.run(serve(settings))

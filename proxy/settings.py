@@ -1,0 +1,114 @@
+"""Settings: every option a CLI flag and a VLLM_SIDECAR_* environment variable, validated."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, CliApp, NoDecode, SettingsConfigDict
+from yarl import URL
+
+MiB = 1024 * 1024
+
+
+def _split(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """vllm-sidecar: a reverse proxy for vLLM that resolves model names and never fails silently."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="VLLM_SIDECAR_",
+        cli_prog_name="vllm-sidecar",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        cli_enforce_required=False,
+        extra="forbid",
+    )
+
+    upstream_url: str = Field("http://127.0.0.1:8000", description="the vLLM server")
+    host: str = Field("0.0.0.0", description="proxy listen address")
+    port: int = Field(8080, ge=0, le=65535, description="proxy port")
+    admin_port: int = Field(8081, ge=0, le=65535, description="admin port (same host)")
+    served_model_names: Annotated[list[str] | None, NoDecode] = Field(
+        None, description="fix the served names (comma-separated) instead of asking /v1/models"
+    )
+    aliases: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict, description="extra alias=served pairs, comma-separated"
+    )
+    case_insensitive: bool = Field(True, description="resolve model names ignoring case too")
+    discovery_interval: float = Field(30.0, gt=0, description="seconds between /v1/models reads")
+    health_interval: float = Field(5.0, gt=0, description="seconds between upstream /health checks")
+    miss_refresh_interval: float = Field(
+        5.0, ge=0, description="least seconds between refreshes caused by unknown model names"
+    )
+    connect_timeout: float = Field(10.0, gt=0, description="upstream connect timeout, seconds")
+    read_timeout: float | None = Field(
+        None, gt=0, description="upstream socket read timeout, seconds (none: no limit)"
+    )
+    max_body_bytes: int = Field(64 * MiB, gt=0, description="larger request bodies get 413")
+    max_connections: int = Field(0, ge=0, description="upstream connection pool size (0: no limit)")
+    error_body_bytes: int = Field(
+        1 * MiB, gt=0, description="upstream error bodies kept in envelopes, the rest is cut"
+    )
+    shutdown_grace: float = Field(
+        25.0, ge=0, description="seconds in-flight requests get after SIGTERM"
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info")
+    log_format: Literal["text", "json"] = Field("text")
+
+    @field_validator("upstream_url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        url = URL(value)
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError("must be an http:// or https:// URL with a host")
+        return value.rstrip("/")
+
+    @field_validator("served_model_names", mode="before")
+    @classmethod
+    def _names(cls, value: Any) -> Any:
+        return _split(value) or None if value is not None else None
+
+    @field_validator("aliases", mode="before")
+    @classmethod
+    def _aliases(cls, value: Any) -> Any:
+        if isinstance(value, str | list):
+            pairs = _split(value) if isinstance(value, str) else value
+            out = {}
+            for pair in pairs:
+                alias, sep, served = str(pair).partition("=")
+                if not sep or not alias.strip() or not served.strip():
+                    raise ValueError(f"expected alias=served, got {pair!r}")
+                out[alias.strip()] = served.strip()
+            return out
+        return value
+
+    @field_validator("read_timeout", mode="before")
+    @classmethod
+    def _none(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and value.lower() in ("", "none", "0") else value
+
+
+def _one_line(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    name = str(err["loc"][0]) if err["loc"] else "settings"
+    flag = "--" + name.replace("_", "-")
+    env = "VLLM_SIDECAR_" + name.upper()
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"vllm-sidecar: invalid {flag} / {env}: {err['msg']} (got {err.get('input')!r}){more}"
+
+
+def load(argv: Sequence[str] | None = None) -> Settings:
+    """Settings from the CLI and the environment; a bad value exits 2 with a one-line message."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return CliApp.run(Settings, cli_args=args)
+    except ValidationError as exc:
+        print(_one_line(exc), file=sys.stderr)
+        raise SystemExit(2) from None

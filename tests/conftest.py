@@ -1,0 +1,75 @@
+"""Shared fixtures: a scripted fake vLLM on a real socket, and the sidecar in front of it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import CollectorRegistry
+
+from proxy.admin import create_admin_app
+from proxy.app import create_app
+from proxy.keys import DISCOVERY
+from proxy.settings import Settings
+from tests.fake_vllm import FakeVLLM
+
+
+@dataclass
+class Sidecar:
+    client: TestClient[web.Request, web.Application]
+    admin: TestClient[web.Request, web.Application]
+    app: web.Application
+    registry: CollectorRegistry
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.registry.get_sample_value(name, labels) or 0.0
+
+    async def wait_ready(self, timeout: float = 5.0) -> None:
+        discovery = self.app[DISCOVERY]
+        for _ in range(int(timeout / 0.01)):
+            if discovery.readiness()[0]:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"sidecar not ready: {discovery.readiness()[1]}")
+
+
+MakeSidecar = Callable[..., Awaitable[Sidecar]]
+
+
+@pytest.fixture
+def fake() -> FakeVLLM:
+    return FakeVLLM()
+
+
+@pytest.fixture
+async def upstream(fake: FakeVLLM, aiohttp_server: Any) -> TestServer:
+    server: TestServer = await aiohttp_server(fake.app())
+    return server
+
+
+@pytest.fixture
+def make_sidecar(aiohttp_client: Any) -> MakeSidecar:
+    async def make(upstream_url: str, *, ready: bool = True, **options: Any) -> Sidecar:
+        options.setdefault("health_interval", 0.05)
+        options.setdefault("miss_refresh_interval", 0)
+        settings = Settings(upstream_url=upstream_url, **options)
+        registry = CollectorRegistry()
+        app = create_app(settings, registry=registry)
+        client = await aiohttp_client(app)
+        admin = await aiohttp_client(create_admin_app(app))
+        sidecar = Sidecar(client, admin, app, registry)
+        if ready:
+            await sidecar.wait_ready()
+        return sidecar
+
+    return make
+
+
+@pytest.fixture
+async def sidecar(upstream: TestServer, make_sidecar: MakeSidecar) -> Sidecar:
+    return await make_sidecar(str(upstream.make_url("")))

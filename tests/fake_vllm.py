@@ -1,0 +1,275 @@
+"""A scripted fake vLLM 0.32 server, faithful to the captures in shared/vllm-samples.
+
+It answers like vLLM (model list with `id` and `root`, completions and chat as JSON or SSE, the
+exact 404 and 400 bodies, in-stream error events) and can be told, per route, to misbehave:
+be slow, hang, drop mid-stream, send garbage. Every request it receives is recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_ids = itertools.count(1)
+
+
+def dumps(obj: Any) -> bytes:
+    """vLLM's compact JSON."""
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def json_response(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=dumps(obj), content_type="application/json")
+
+
+def error_body(message: str, type_: str, param: str | None, code: int) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+@dataclass
+class Recorded:
+    method: str
+    raw_path: str
+    headers: CIMultiDict[str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass
+class FakeVLLM:
+    served: list[tuple[str, str]] = field(
+        default_factory=lambda: [("tiny-model", "/models/sidecar-test/tiny-model")]
+    )
+    vocab_size: int = 1000
+    max_model_len: int = 512
+    stream_events: int = 3
+    stream_delay: float = 0.0
+    healthy: bool = True
+    requests: list[Recorded] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    scripts: dict[str, list[Handler]] = field(default_factory=dict)
+
+    # -- scripting -------------------------------------------------------------------------
+    def script(self, key: str, handler: Handler, times: int = 1) -> None:
+        """The next `times` requests to `key` ("POST /v1/completions") go to `handler`."""
+        self.scripts.setdefault(key, []).extend([handler] * times)
+
+    def last(self, path: str) -> Recorded:
+        return next(r for r in reversed(self.requests) if r.raw_path.split("?")[0] == path)
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _ in self.served]
+
+    # -- the server ------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._dispatch)
+        return app
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.requests.append(Recorded(request.method, request.raw_path, CIMultiDict(request.headers), body))
+        key = f"{request.method} {request.path}"
+        handler = self.scripts[key].pop(0) if self.scripts.get(key) else self._route(request)
+        try:
+            return await handler(request)
+        except asyncio.CancelledError:
+            self.cancelled.append(request.path)
+            raise
+
+    def _route(self, request: web.Request) -> Handler:
+        routes: dict[str, Handler] = {
+            "GET /v1/models": self.models,
+            "GET /health": self.health,
+            "POST /v1/completions": self.completions,
+            "POST /v1/chat/completions": self.completions,
+            "POST /tokenize": self.tokenize,
+        }
+        if request.path in ("/sleep", "/wake_up", "/pause", "/resume", "/reset_prefix_cache"):
+            return self.dev_route
+        if request.path in ("/init_weight_update_communicator", "/update_weights",
+                            "/destroy_weights_update_group", "/collective_rpc"):
+            return self.dev_route
+        return routes.get(f"{request.method} {request.path}", self.not_found)
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = [
+            {"id": name, "object": "model", "created": 1795982287, "owned_by": "vllm",
+             "root": root, "parent": None, "max_model_len": self.max_model_len, "permission": []}
+            for name, root in self.served
+        ]
+        return json_response({"object": "list", "data": data})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.healthy else 503)
+
+    async def not_found(self, request: web.Request) -> web.Response:
+        return json_response({"detail": "Not Found"}, 404)
+
+    async def dev_route(self, request: web.Request) -> web.Response:
+        return json_response({"status": request.path.strip("/"), "success": True})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        payload = json.loads(await request.read())
+        if (bad := self._check_model(payload)) is not None:
+            return bad
+        tokens = [(ord(c) % self.vocab_size) for c in str(payload.get("prompt", ""))]
+        return json_response({"count": len(tokens), "max_model_len": self.max_model_len,
+                              "tokens": tokens, "token_strs": None})
+
+    def _check_model(self, payload: dict[str, Any]) -> web.Response | None:
+        model = payload.get("model", self.names[0])
+        if model not in self.names:
+            msg = f"The model `{model}` does not exist. Valid aliases: {', '.join(self.names)}."
+            return json_response(error_body(msg, "NotFoundError", "model", 404), 404)
+        return None
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            payload = json.loads(await request.read())
+        except ValueError:
+            return json_response(error_body("JSON decode error", "Bad Request", "body", 400), 400)
+        if (bad := self._check_model(payload)) is not None:
+            return bad
+        if payload.get("max_tokens", 16) < 1:
+            msg = f"max_tokens must be at least 1, got {payload['max_tokens']}."
+            return json_response(error_body(msg, "BadRequestError", "max_tokens", 400), 400)
+        prompts = payload.get("prompt")
+        batch = prompts if isinstance(prompts, list) and prompts and isinstance(prompts[0], list) else [prompts]
+        oov = any(isinstance(t, int) and t >= self.vocab_size for p in batch if isinstance(p, list) for t in p)
+        model = payload.get("model", self.names[0])
+        chat = request.path.endswith("chat/completions")
+        if payload.get("stream"):
+            return await self._stream(request, model, chat, oov)
+        if oov:
+            msg = "Token id 5000 is out of vocabulary"
+            return json_response(error_body(msg, "BadRequestError", None, 400), 400)
+        choices = [self._choice(i, chat) for i in range(len(batch))]
+        return json_response({
+            "id": f"cmpl-{next(_ids):016x}", "object": "chat.completion" if chat else "text_completion",
+            "created": 1795982287, "model": model, "choices": choices,
+            "usage": {"prompt_tokens": 3, "total_tokens": 7, "completion_tokens": 4},
+        })
+
+    @staticmethod
+    def _choice(index: int, chat: bool) -> dict[str, Any]:
+        if chat:
+            return {"index": index, "message": {"role": "assistant", "content": " fox"},
+                    "logprobs": None, "finish_reason": "length", "stop_reason": None}
+        return {"index": index, "text": " fox", "logprobs": None, "finish_reason": "length",
+                "stop_reason": None, "token_ids": None}
+
+    async def _stream(self, request: web.Request, model: str, chat: bool, oov: bool) -> web.StreamResponse:
+        resp = await start_sse(request)
+        if oov:
+            err = error_body("Token id 5000 is out of vocabulary", "BadRequestError", None, 400)
+            await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
+        else:
+            for i in range(self.stream_events):
+                await resp.write(sse_chunk(model, i, chat))
+                if self.stream_delay:
+                    await asyncio.sleep(self.stream_delay)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+async def start_sse(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+    await resp.prepare(request)
+    return resp
+
+
+def sse_chunk(model: str, i: int, chat: bool = False) -> bytes:
+    delta: dict[str, Any] = {"delta": {"content": f" t{i}"}} if chat else {"text": f" t{i}"}
+    event = {"id": "cmpl-0", "object": "chat.completion.chunk" if chat else "text_completion",
+             "created": 1795982287, "model": model,
+             "choices": [{"index": 0, **delta, "logprobs": None, "finish_reason": None}]}
+    return b"data: " + dumps(event) + b"\n\n"
+
+
+# -- misbehaviours, for FakeVLLM.script ------------------------------------------------------
+def respond(status: int, body: bytes | str, content_type: str = "application/json",
+            headers: dict[str, str] | None = None) -> Handler:
+    async def handler(request: web.Request) -> web.Response:
+        data = body.encode() if isinstance(body, str) else body
+        return web.Response(status=status, body=data, headers={"Content-Type": content_type, **(headers or {})})
+    return handler
+
+
+def hang() -> Handler:
+    """Never answer; the handler is cancelled when the connection closes."""
+    async def handler(request: web.Request) -> web.Response:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+    return handler
+
+
+def slow(delay: float, then: Handler) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(delay)
+        return await then(request)
+    return handler
+
+
+def raw(data: bytes) -> Handler:
+    """Write raw bytes on the socket (not HTTP, or a cut response), then close it."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        assert request.transport is not None
+        request.transport.write(data)
+        request.transport.close()
+        await asyncio.sleep(0.05)
+        return web.Response()
+    return handler
+
+
+def sse_then_drop(events: int, model: str = "tiny-model", delay: float = 0.0) -> Handler:
+    """Start a 200 SSE stream, send `events` events, then drop the connection."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await start_sse(request)
+        for i in range(events):
+            await resp.write(sse_chunk(model, i))
+            await asyncio.sleep(delay)
+        assert request.transport is not None
+        request.transport.close()
+        await asyncio.sleep(0.05)
+        return resp
+    return handler
+
+
+def sse_forever(model: str = "tiny-model", delay: float = 0.05) -> Handler:
+    """A stream that never ends, one event per `delay`; for hang-up and shutdown tests."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await start_sse(request)
+        for i in itertools.count():
+            await resp.write(sse_chunk(model, i))
+            await asyncio.sleep(delay)
+        return resp
+    return handler
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", nargs="+", default=["tiny-model"])
+    parser.add_argument("--root", default="/models/sidecar-test/tiny-model")
+    args = parser.parse_args()
+    fake = FakeVLLM(served=[(name, args.root) for name in args.served_model_name])
+    web.run_app(fake.app(), host=args.host, port=args.port, print=None)
+
+
+if __name__ == "__main__":
+    main()
