@@ -10,28 +10,12 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from .processes import ROOT, VLLM_VENV, SidecarProcess, VllmServer, running
-
-
-@dataclass(frozen=True)
-class TinyModel:
-    """The model directory `.../<org>/<name>` and the names a client may use for it."""
-
-    path: Path
-
-    @property
-    def name(self) -> str:
-        return self.path.name
-
-    @property
-    def hf_path(self) -> str:
-        return f"{self.path.parent.name}/{self.path.name}"
+from .processes import ROOT, VLLM_VENV, SidecarProcess, TinyModel, VllmServer, running
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -30,6 +31,21 @@ VLLM_VERSION = "0.32.0"
 
 _PR_SET_PDEATHSIG = 1
 _alive: set[ManagedProcess] = set()
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    """The model directory `.../<org>/<name>` (see scripts/tiny_model.py) and its names."""
+
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def hf_path(self) -> str:
+        return f"{self.path.parent.name}/{self.path.name}"
 
 
 def free_port() -> int:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from .conftest import TinyModel
-from .processes import VllmServer
+from .processes import TinyModel, VllmServer
 
 pytestmark = pytest.mark.vllm
 
