@@ -89,15 +89,30 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
-def _shm_files(pids: Sequence[int]) -> set[Path]:
-    found: set[Path] = set()
+def _shm_inodes(pids: Sequence[int]) -> set[int]:
+    """Inodes of the /dev/shm files these processes have mapped.
+
+    By inode, not by name: glibc creates a POSIX semaphore under a temporary name and renames it,
+    so /proc/PID/maps shows a name that no longer exists.
+    """
+    found: set[int] = set()
     for pid in pids:
         with contextlib.suppress(OSError):
             for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
                 parts = line.split(maxsplit=5)
                 if len(parts) == 6 and parts[5].startswith("/dev/shm/"):
-                    found.add(Path(parts[5].removesuffix(" (deleted)")))
+                    found.add(int(parts[4]))
     return found
+
+
+def _unlink_shm(inodes: set[int]) -> None:
+    if not inodes:
+        return
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/dev/shm"):
+            with contextlib.suppress(OSError):
+                if entry.inode() in inodes:
+                    os.unlink(entry.path)
 
 
 class ManagedProcess:
@@ -161,7 +176,7 @@ class ManagedProcess:
         """SIGTERM the group, SIGKILL what is left after `grace_s`; wait for all of it."""
         if self.proc is None:
             return
-        shm = _shm_files(_group_members(self.proc.pid))
+        shm = _shm_inodes(_group_members(self.proc.pid))
         self.signal_group(signal.SIGTERM)
         if not self._wait_group_gone(grace_s):
             self.signal_group(signal.SIGKILL)
@@ -172,7 +187,7 @@ class ManagedProcess:
         """SIGKILL the whole group at once, as a crash would; wait until it is gone."""
         if self.proc is None:
             return
-        shm = _shm_files(_group_members(self.proc.pid))
+        shm = _shm_inodes(_group_members(self.proc.pid))
         self.signal_group(signal.SIGKILL)
         self._wait_group_gone(30.0)
         self._forget(shm)
@@ -188,12 +203,11 @@ class ManagedProcess:
             time.sleep(0.1)
         return not _group_members(self.proc.pid)
 
-    def _forget(self, shm: set[Path]) -> None:
+    def _forget(self, shm: set[int]) -> None:
         leftover = _group_members(self.proc.pid) if self.proc else []
         if leftover:
             raise RuntimeError(f"{self!r}: processes {leftover} outlived SIGKILL")
-        for path in shm:
-            path.unlink(missing_ok=True)
+        _unlink_shm(shm)
         _alive.discard(self)
         self.proc = None
 
@@ -264,6 +278,7 @@ class VllmServer(ManagedProcess):
             "--max-model-len",
             str(self.max_model_len),
             "--enforce-eager",
+            "--enable-log-requests",
             "--host",
             "127.0.0.1",
             "--port",
