@@ -3,12 +3,13 @@ PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 PORT ?= 8080
+UPSTREAM ?= http://127.0.0.1:8000
 
 .PHONY: run demo test test-env lint unit clean
 
-## Install the sidecar and run it in front of VLLM_SIDECAR_UPSTREAM_URL (default http://127.0.0.1:8000).
+## Install the sidecar and run it in front of UPSTREAM (default http://127.0.0.1:8000).
 run: $(BIN)/vllm-sidecar
-	$(BIN)/vllm-sidecar --port $(PORT)
+	$(BIN)/vllm-sidecar --upstream-url $(UPSTREAM) --port $(PORT)
 
 $(BIN)/vllm-sidecar: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +35,7 @@ unit:
 	$(BIN)/pytest -m "not vllm"
 
 clean:
-	rm -rf $(VENV) .venv-vllm .cache .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm .venv-deploy .cache .pytest_cache .mypy_cache .ruff_cache
 
 ## A real vLLM on CPU serving a tiny local model, the sidecar in front, a few requests through it.
 demo: $(BIN)/vllm-sidecar

@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.aiohttp import make_aiohttp_handler
 
 from .keys import DISCOVERY, METRICS
 
 PROXY = web.AppKey("proxy", web.Application)
-
-
-async def metrics(request: web.Request) -> web.Response:
-    registry = request.app[PROXY][METRICS].registry
-    return web.Response(
-        body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-    )
 
 
 async def livez(request: web.Request) -> web.Response:
@@ -36,7 +29,8 @@ def create_admin_app(proxy: web.Application) -> web.Application:
     """The admin application, reading the state of the proxy application it watches."""
     app = web.Application()
     app[PROXY] = proxy
-    app.router.add_get("/metrics", metrics)
+    # prometheus_client's own handler: content negotiation (text or OpenMetrics) and gzip.
+    app.router.add_get("/metrics", make_aiohttp_handler(proxy[METRICS].registry))
     app.router.add_get("/livez", livez)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/models", models)

@@ -8,8 +8,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from .discovery import Discovery
+from .drain import InFlight
 from .forward import handle
-from .keys import DISCOVERY, METRICS, SESSION, SETTINGS, UPSTREAM
+from .keys import DISCOVERY, IN_FLIGHT, METRICS, SESSION, SETTINGS, UPSTREAM
 from .metrics import Metrics
 from .settings import Settings
 from .upstream import base_url, make_session
@@ -22,11 +23,6 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
             yield
 
 
-async def _mark_draining(app: web.Application) -> None:
-    # on_shutdown runs after the listeners close and before in-flight requests are awaited.
-    app[DISCOVERY].draining = True
-
-
 def create_app(settings: Settings, *, registry: CollectorRegistry | None = None) -> web.Application:
     """The proxy application: every method and path is forwarded to the upstream."""
     # A body up to the limit must reach the handler, which answers 413 with an envelope itself.
@@ -36,7 +32,7 @@ def create_app(settings: Settings, *, registry: CollectorRegistry | None = None)
     app[METRICS] = metrics
     app[UPSTREAM] = base_url(settings)
     app[DISCOVERY] = Discovery(settings, metrics, app[UPSTREAM])
+    app[IN_FLIGHT] = InFlight()
     app.cleanup_ctx.append(_upstream_ctx)
-    app.on_shutdown.append(_mark_draining)
     app.router.add_route("*", "/{tail:.*}", handle)
     return app

@@ -52,8 +52,10 @@ class Discovery:
             return self.models_known
         self._last_refresh = time.monotonic()
         url = target(self._base, "/v1/models")
+        key = self._settings.upstream_api_key
+        headers = {"Authorization": f"Bearer {key}"} if key else None
         try:
-            async with self._session.get(url, timeout=self._timeout()) as resp:
+            async with self._session.get(url, timeout=self._timeout(), headers=headers) as resp:
                 raw = await resp.read()
                 if resp.status != 200:
                     raise ValueError(f"status {resp.status}: {raw[:200]!r}")

@@ -11,7 +11,7 @@ from . import headers as hdrs
 from .errors import ShuttingDown, SidecarFailure
 from .exchange import CLIENT_CLOSED, Exchange
 from .inbound import read_body, resolve_model
-from .keys import DISCOVERY, METRICS, SESSION, SETTINGS, UPSTREAM
+from .keys import DISCOVERY, IN_FLIGHT, METRICS, SESSION, SETTINGS, UPSTREAM
 from .relay import BUFFER_LIMIT, buffered_reply, error_reply, failure_response, stream_reply
 from .sse import is_event_stream
 from .upstream import UPSTREAM_ERRORS, classify, target
@@ -22,11 +22,12 @@ async def handle(request: web.Request) -> web.StreamResponse:
     ex = Exchange(request.method, request.path, hdrs.request_id(request.headers))
     in_flight = metrics.in_flight.labels(ex.route)
     in_flight.inc()
+    task = request.app[IN_FLIGHT].add()
     try:
         return await _handle(request, ex)
     except asyncio.CancelledError:
         # The client hung up (handler cancellation), or the shutdown grace period ran out.
-        if request.app[DISCOVERY].draining:
+        if request.app[IN_FLIGHT].draining:
             ex.fail_with(metrics, ShuttingDown("the sidecar shut down"))
         else:
             metrics.disconnects.labels(ex.route).inc()
@@ -34,6 +35,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
         ex.status = CLIENT_CLOSED if ex.status == 0 else ex.status
         raise
     finally:
+        request.app[IN_FLIGHT].discard(task)
         in_flight.dec()
         ex.finish(metrics)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import Iterable
 
 from multidict import CIMultiDict, MultiMapping, istr
@@ -27,7 +27,9 @@ HOP_BY_HOP = frozenset(
     )
 )
 # Recomputed for the next hop: the host is the upstream's, the length is that of what we send.
-_REQUEST_DROP = HOP_BY_HOP | {istr("Host"), istr("Content-Length")}
+# Expect: the sidecar has already read the whole body (and answered 100 Continue itself), so
+# asking the upstream for permission to send it would only cost a round trip.
+_REQUEST_DROP = HOP_BY_HOP | {istr("Host"), istr("Content-Length"), istr("Expect")}
 _RESPONSE_DROP = HOP_BY_HOP
 
 
@@ -55,7 +57,7 @@ def request_id(headers: MultiMapping[str]) -> str:
     given = headers.get(REQUEST_ID, "")
     if 0 < len(given) <= 200 and given.isprintable():
         return given
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()
 
 
 def upstream_request_headers(

@@ -31,7 +31,13 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 
 
 def _wants_model(request: web.Request, body: bytes) -> bool:
-    return bool(body) and request.method in _BODY_METHODS and request.content_type.endswith("json")
+    return (
+        bool(body)
+        and request.method in _BODY_METHODS
+        and request.content_type.endswith("json")
+        # A compressed body is relayed as sent; its model cannot be read without inflating it.
+        and request.headers.get("Content-Encoding", "identity").lower() == "identity"
+    )
 
 
 async def resolve_model(

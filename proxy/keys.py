@@ -7,6 +7,7 @@ from aiohttp import web
 from yarl import URL
 
 from .discovery import Discovery
+from .drain import InFlight
 from .metrics import Metrics
 from .settings import Settings
 
@@ -15,3 +16,4 @@ METRICS = web.AppKey("metrics", Metrics)
 DISCOVERY = web.AppKey("discovery", Discovery)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 UPSTREAM = web.AppKey("upstream", URL)
+IN_FLIGHT = web.AppKey("in_flight", InFlight)

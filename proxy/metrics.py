@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # vLLM 0.32's routes (default and dev mode) and SkyRL's weight-sync routes; anything else is
@@ -17,7 +19,7 @@ KNOWN_ROUTES = frozenset(
         "/reset_encoder_cache /collective_rpc /abort_requests /release_kv_cache_memory "
         "/init_weight_transfer_engine /start_weight_update /finish_weight_update /update_weights "
         "/update_weight_version /weight_info /weight_checker /get_world_size "
-        "/init_weight_update_communicator /update_named_weights /destroy_weights_update_group "
+        "/init_weight_update_communicator /update_weights_skyrl /destroy_weights_update_group "
         "/kv_event_sources /is_scaling_elastic_ep /scale_elastic_ep"
     ).split()
 )
@@ -42,71 +44,92 @@ def method_label(method: str) -> str:
     return method if method in METHODS else OTHER
 
 
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
+class Family(Generic[M]):
+    """A labelled metric whose children are looked up once per label set, then cached.
+
+    prometheus_client's `labels()` validates and locks on every call; on the request path a
+    dict lookup does. Label values come from bounded sets, so the cache is bounded too.
+    """
+
+    __slots__ = ("_children", "metric")
+
+    def __init__(self, metric: M) -> None:
+        self.metric: M = metric
+        self._children: dict[tuple[str, ...], M] = {}
+
+    def labels(self, *values: str) -> M:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self.metric.labels(*values)
+        return child
+
+
+PREFIX = "vllm_sidecar_"
+
+
 class Metrics:
     """The sidecar's metrics; one instance per app, registered in the registry it is given."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        p = "vllm_sidecar_"
-        self.requests = Counter(
-            p + "requests",
+        route = ("route",)
+        self.requests = self._counter(
+            "requests",
             "Requests answered, by route, method and status sent.",
             ("route", "method", "status"),
-            registry=registry,
         )
-        self.duration = Histogram(
-            p + "request_duration_seconds",
+        self.duration = self._histogram(
+            "request_duration_seconds",
             "Time from request to the last byte of the response.",
-            ("route",),
-            buckets=DURATION_BUCKETS,
-            registry=registry,
+            DURATION_BUCKETS,
         )
-        self.ttfb = Histogram(
-            p + "upstream_time_to_first_byte_seconds",
+        self.ttfb = self._histogram(
+            "upstream_time_to_first_byte_seconds",
             "Time from sending the upstream request to its response headers.",
-            ("route",),
-            buckets=DURATION_BUCKETS,
-            registry=registry,
+            DURATION_BUCKETS,
         )
-        self.overhead = Histogram(
-            p + "overhead_seconds",
+        self.overhead = self._histogram(
+            "overhead_seconds",
             "The sidecar's own time per request: the request's duration less the upstream's.",
-            ("route",),
-            buckets=OVERHEAD_BUCKETS,
-            registry=registry,
+            OVERHEAD_BUCKETS,
         )
-        self.failures = Counter(
-            p + "failures",
+        self.failures = self._counter(
+            "failures",
             "Failures by route, source (upstream|sidecar), reason and status.",
             ("route", "source", "reason", "status"),
-            registry=registry,
         )
-        self.resolutions = Counter(
-            p + "model_resolutions",
+        self.resolutions = self._counter(
+            "model_resolutions",
             "Model resolutions by the rule that decided them.",
             ("rule", "served_model"),
-            registry=registry,
         )
-        self.in_flight = Gauge(
-            p + "in_flight_requests",
-            "Requests being served now.",
-            ("route",),
-            registry=registry,
+        self.in_flight = Family(
+            Gauge(
+                PREFIX + "in_flight_requests",
+                "Requests being served now.",
+                route,
+                registry=registry,
+            )
         )
-        self.disconnects = Counter(
-            p + "client_disconnects",
-            "Clients that hung up before the response was complete.",
-            ("route",),
-            registry=registry,
+        self.disconnects = self._counter(
+            "client_disconnects", "Clients that hung up before the response was complete.", route
         )
         self.upstream_up = Gauge(
-            p + "upstream_up",
+            PREFIX + "upstream_up",
             "1 when the upstream answered its last health check, else 0.",
             registry=registry,
         )
-        self.discoveries = Counter(
-            p + "discoveries",
-            "Reads of the upstream's /v1/models, by outcome.",
-            ("outcome",),
-            registry=registry,
+        self.discoveries = self._counter(
+            "discoveries", "Reads of the upstream's /v1/models, by outcome.", ("outcome",)
+        )
+
+    def _counter(self, name: str, doc: str, labels: tuple[str, ...]) -> Family[Counter]:
+        return Family(Counter(PREFIX + name, doc, labels, registry=self.registry))
+
+    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Family[Histogram]:
+        return Family(
+            Histogram(PREFIX + name, doc, ("route",), buckets=buckets, registry=self.registry)
         )

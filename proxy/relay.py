@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
 from . import envelope
 from .discovery import Discovery
-from .errors import SidecarFailure
+from .errors import ShuttingDown, SidecarFailure
 from .exchange import CLIENT_CLOSED, Exchange
 from .headers import SIDECAR_ERROR, drop, response_headers
 from .inbound import model_info
+from .keys import IN_FLIGHT
 from .metrics import Metrics
 from .sse import ErrorWatcher, is_event_stream
 from .upstream import UPSTREAM_ERRORS, classify
@@ -105,51 +108,78 @@ async def stream_reply(
     out = web.StreamResponse(status=resp.status, headers=headers)
     ex.status = resp.status
     await out.prepare(request)
-    watcher = ErrorWatcher() if sse else None
-    chunks = resp.content.iter_any().__aiter__()
-    tail = b"\n\n"
-    while True:
-        try:
-            chunk = await anext(chunks)
-        except StopAsyncIteration:
-            break
-        except UPSTREAM_ERRORS as exc:
-            failure = classify(exc, where=f"while streaming {ex.method} {ex.path}")
-            ex.fail_with(metrics, failure)
-            if watcher is None:
-                # A relayed Content-Length or chunked framing left incomplete tells the client.
-                if request.transport is not None:
-                    request.transport.close()
-                return out
-            info = model_info(ex, discovery, suggest=False)
-            env = envelope.from_failure(failure, request_id=ex.request_id, model=info)
-            sep = b"" if tail.endswith(b"\n\n") else b"\n\n"
-            await _write(out, ex, metrics, sep + envelope.sse_event(env))
-            break
-        if watcher is not None:
-            watcher.feed(chunk)
-            tail = chunk[-2:]
-        if not await _write(out, ex, metrics, chunk):
+    stream = _Stream(out, ex, metrics, ErrorWatcher() if sse else None)
+    info = model_info(ex, discovery, suggest=False)
+    try:
+        failure = await stream.pump(resp)
+    except asyncio.CancelledError:
+        if sse and request.app[IN_FLIGHT].draining:
+            await stream.end_with(ShuttingDown(_GRACE_OVER), info)
+        raise
+    if failure is not None:
+        ex.fail_with(metrics, failure)
+        if not sse:
+            # A relayed Content-Length or chunked framing left incomplete tells the client.
+            if request.transport is not None:
+                request.transport.close()
             return out
-    if watcher is not None:
-        _count_stream_errors(ex, watcher, metrics)
+        await stream.end_with(failure, info)
+    if stream.client_gone:
+        return out
+    stream.count_errors()
     await out.write_eof()
     return out
 
 
-async def _write(out: web.StreamResponse, ex: Exchange, metrics: Metrics, data: bytes) -> bool:
-    try:
-        await out.write(data)
-    except ConnectionError:
-        metrics.disconnects.labels(ex.route).inc()
-        ex.reason = ex.reason or "client_disconnected"
-        ex.status = CLIENT_CLOSED
-        return False
-    return True
+_GRACE_OVER = "The sidecar shut down before the stream finished (--shutdown-grace ran out)."
 
 
-def _count_stream_errors(ex: Exchange, watcher: ErrorWatcher, metrics: Metrics) -> None:
-    for event in watcher.errors:
-        code = event["error"].get("code") if isinstance(event["error"], dict) else None
-        status = code if isinstance(code, int) and 100 <= code <= 599 else ex.status
-        ex.fail(metrics, "upstream", "upstream_stream_error", status)
+class _Stream:
+    """One relayed body: pumps chunks, watches SSE errors, notices a client that left."""
+
+    def __init__(
+        self, out: web.StreamResponse, ex: Exchange, metrics: Metrics, watcher: ErrorWatcher | None
+    ) -> None:
+        self.out, self.ex, self.metrics, self.watcher = out, ex, metrics, watcher
+        self.tail = b"\n\n"
+        self.client_gone = False
+
+    async def pump(self, resp: aiohttp.ClientResponse) -> SidecarFailure | None:
+        """Relay until the upstream ends (None), fails (the failure) or the client leaves."""
+        chunks = resp.content.iter_any().__aiter__()
+        while True:
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                return None
+            except UPSTREAM_ERRORS as exc:
+                return classify(exc, where=f"while streaming {self.ex.method} {self.ex.path}")
+            if self.watcher is not None:
+                self.watcher.feed(chunk)
+                self.tail = chunk[-2:]
+            if not await self.write(chunk):
+                return None
+
+    async def write(self, data: bytes) -> bool:
+        try:
+            await self.out.write(data)
+        except ConnectionError:
+            self.metrics.disconnects.labels(self.ex.route).inc()
+            self.ex.reason = self.ex.reason or "client_disconnected"
+            self.ex.status = CLIENT_CLOSED
+            self.client_gone = True
+            return False
+        return True
+
+    async def end_with(self, failure: SidecarFailure, info: envelope.ModelInfo | None) -> None:
+        """One SSE error event and [DONE], after whatever event the upstream left unfinished."""
+        env = envelope.from_failure(failure, request_id=self.ex.request_id, model=info)
+        sep = b"" if self.tail.endswith(b"\n\n") else b"\n\n"
+        if await self.write(sep + envelope.sse_event(env)):
+            await self.out.write_eof()
+
+    def count_errors(self) -> None:
+        for event in self.watcher.errors if self.watcher is not None else ():
+            code = event["error"].get("code") if isinstance(event["error"], dict) else None
+            status = code if isinstance(code, int) and 100 <= code <= 599 else self.ex.status
+            self.ex.fail(self.metrics, "upstream", "upstream_stream_error", status)

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from .admin import create_admin_app
 from .app import create_app
+from .keys import DISCOVERY, IN_FLIGHT
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -29,15 +30,16 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> Non
     runner = web.AppRunner(
         proxy,
         handler_cancellation=True,
-        shutdown_timeout=settings.shutdown_grace,
+        shutdown_timeout=1.0,
         access_log=None,
         handle_signals=False,
     )
     admin = web.AppRunner(create_admin_app(proxy), access_log=None, handle_signals=False)
     await runner.setup()
     await admin.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, backlog=1024)
     try:
-        await web.TCPSite(runner, settings.host, settings.port, backlog=1024).start()
+        await site.start()
         await web.TCPSite(admin, settings.host, settings.admin_port).start()
         log.info(
             "vllm-sidecar on %s:%d (admin %d) -> %s",
@@ -47,9 +49,12 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> Non
             settings.upstream_url,
         )
         await stop.wait()
-        log.info("stopping: draining in-flight requests for up to %.0fs", settings.shutdown_grace)
+        log.info("stopping: draining in-flight requests for up to %gs", settings.shutdown_grace)
+        await site.stop()  # refuse new connections; readiness reports draining
+        proxy[DISCOVERY].draining = True
+        await proxy[IN_FLIGHT].drain(settings.shutdown_grace)
     finally:
-        await runner.cleanup()  # stop accepting, drain, then close the upstream session
+        await runner.cleanup()  # idle connections, then the upstream session
         await admin.cleanup()
     log.info("stopped")
 

@@ -32,6 +32,9 @@ class Settings(BaseSettings):
     )
 
     upstream_url: str = Field("http://127.0.0.1:8000", description="the vLLM server")
+    upstream_api_key: str | None = Field(
+        None, description="bearer token for the sidecar's own /v1/models reads (vLLM --api-key)"
+    )
     host: str = Field("0.0.0.0", description="proxy listen address")
     port: int = Field(8080, ge=0, le=65535, description="proxy port")
     admin_port: int = Field(8081, ge=0, le=65535, description="admin port (same host)")

@@ -29,9 +29,9 @@ class Sidecar:
     def metric(self, name: str, **labels: str) -> float:
         return self.registry.get_sample_value(name, labels) or 0.0
 
-    async def wait_ready(self, timeout: float = 5.0) -> None:
+    async def wait_ready(self, within: float = 5.0) -> None:
         discovery = self.app[DISCOVERY]
-        for _ in range(int(timeout / 0.01)):
+        for _ in range(int(within / 0.01)):
             if discovery.readiness()[0]:
                 return
             await asyncio.sleep(0.01)
@@ -39,6 +39,18 @@ class Sidecar:
 
 
 MakeSidecar = Callable[..., Awaitable[Sidecar]]
+
+
+async def raw_http(client: TestClient[web.Request, web.Application], request: bytes) -> bytes:
+    """Send exact request bytes (no client-side URL normalization); return the raw response."""
+    assert client.port is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), 10)  # the requests send Connection: close
+    finally:
+        writer.close()
 
 
 @pytest.fixture

@@ -80,7 +80,9 @@ class FakeVLLM:
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        self.requests.append(Recorded(request.method, request.raw_path, CIMultiDict(request.headers), body))
+        self.requests.append(
+            Recorded(request.method, request.raw_path, CIMultiDict(request.headers), body)
+        )
         key = f"{request.method} {request.path}"
         handler = self.scripts[key].pop(0) if self.scripts.get(key) else self._route(request)
         try:
@@ -99,15 +101,27 @@ class FakeVLLM:
         }
         if request.path in ("/sleep", "/wake_up", "/pause", "/resume", "/reset_prefix_cache"):
             return self.dev_route
-        if request.path in ("/init_weight_update_communicator", "/update_weights",
-                            "/destroy_weights_update_group", "/collective_rpc"):
+        if request.path in (
+            "/init_weight_update_communicator",
+            "/update_weights",
+            "/destroy_weights_update_group",
+            "/collective_rpc",
+        ):
             return self.dev_route
         return routes.get(f"{request.method} {request.path}", self.not_found)
 
     async def models(self, request: web.Request) -> web.Response:
         data = [
-            {"id": name, "object": "model", "created": 1795982287, "owned_by": "vllm",
-             "root": root, "parent": None, "max_model_len": self.max_model_len, "permission": []}
+            {
+                "id": name,
+                "object": "model",
+                "created": 1795982287,
+                "owned_by": "vllm",
+                "root": root,
+                "parent": None,
+                "max_model_len": self.max_model_len,
+                "permission": [],
+            }
             for name, root in self.served
         ]
         return json_response({"object": "list", "data": data})
@@ -126,8 +140,14 @@ class FakeVLLM:
         if (bad := self._check_model(payload)) is not None:
             return bad
         tokens = [(ord(c) % self.vocab_size) for c in str(payload.get("prompt", ""))]
-        return json_response({"count": len(tokens), "max_model_len": self.max_model_len,
-                              "tokens": tokens, "token_strs": None})
+        return json_response(
+            {
+                "count": len(tokens),
+                "max_model_len": self.max_model_len,
+                "tokens": tokens,
+                "token_strs": None,
+            }
+        )
 
     def _check_model(self, payload: dict[str, Any]) -> web.Response | None:
         model = payload.get("model", self.names[0])
@@ -147,8 +167,17 @@ class FakeVLLM:
             msg = f"max_tokens must be at least 1, got {payload['max_tokens']}."
             return json_response(error_body(msg, "BadRequestError", "max_tokens", 400), 400)
         prompts = payload.get("prompt")
-        batch = prompts if isinstance(prompts, list) and prompts and isinstance(prompts[0], list) else [prompts]
-        oov = any(isinstance(t, int) and t >= self.vocab_size for p in batch if isinstance(p, list) for t in p)
+        batch = (
+            prompts
+            if isinstance(prompts, list) and prompts and isinstance(prompts[0], list)
+            else [prompts]
+        )
+        oov = any(
+            isinstance(t, int) and t >= self.vocab_size
+            for p in batch
+            if isinstance(p, list)
+            for t in p
+        )
         model = payload.get("model", self.names[0])
         chat = request.path.endswith("chat/completions")
         if payload.get("stream"):
@@ -157,21 +186,39 @@ class FakeVLLM:
             msg = "Token id 5000 is out of vocabulary"
             return json_response(error_body(msg, "BadRequestError", None, 400), 400)
         choices = [self._choice(i, chat) for i in range(len(batch))]
-        return json_response({
-            "id": f"cmpl-{next(_ids):016x}", "object": "chat.completion" if chat else "text_completion",
-            "created": 1795982287, "model": model, "choices": choices,
-            "usage": {"prompt_tokens": 3, "total_tokens": 7, "completion_tokens": 4},
-        })
+        return json_response(
+            {
+                "id": f"cmpl-{next(_ids):016x}",
+                "object": "chat.completion" if chat else "text_completion",
+                "created": 1795982287,
+                "model": model,
+                "choices": choices,
+                "usage": {"prompt_tokens": 3, "total_tokens": 7, "completion_tokens": 4},
+            }
+        )
 
     @staticmethod
     def _choice(index: int, chat: bool) -> dict[str, Any]:
         if chat:
-            return {"index": index, "message": {"role": "assistant", "content": " fox"},
-                    "logprobs": None, "finish_reason": "length", "stop_reason": None}
-        return {"index": index, "text": " fox", "logprobs": None, "finish_reason": "length",
-                "stop_reason": None, "token_ids": None}
+            return {
+                "index": index,
+                "message": {"role": "assistant", "content": " fox"},
+                "logprobs": None,
+                "finish_reason": "length",
+                "stop_reason": None,
+            }
+        return {
+            "index": index,
+            "text": " fox",
+            "logprobs": None,
+            "finish_reason": "length",
+            "stop_reason": None,
+            "token_ids": None,
+        }
 
-    async def _stream(self, request: web.Request, model: str, chat: bool, oov: bool) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, model: str, chat: bool, oov: bool
+    ) -> web.StreamResponse:
         resp = await start_sse(request)
         if oov:
             err = error_body("Token id 5000 is out of vocabulary", "BadRequestError", None, 400)
@@ -194,26 +241,39 @@ async def start_sse(request: web.Request) -> web.StreamResponse:
 
 def sse_chunk(model: str, i: int, chat: bool = False) -> bytes:
     delta: dict[str, Any] = {"delta": {"content": f" t{i}"}} if chat else {"text": f" t{i}"}
-    event = {"id": "cmpl-0", "object": "chat.completion.chunk" if chat else "text_completion",
-             "created": 1795982287, "model": model,
-             "choices": [{"index": 0, **delta, "logprobs": None, "finish_reason": None}]}
+    event = {
+        "id": "cmpl-0",
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": 1795982287,
+        "model": model,
+        "choices": [{"index": 0, **delta, "logprobs": None, "finish_reason": None}],
+    }
     return b"data: " + dumps(event) + b"\n\n"
 
 
 # -- misbehaviours, for FakeVLLM.script ------------------------------------------------------
-def respond(status: int, body: bytes | str, content_type: str = "application/json",
-            headers: dict[str, str] | None = None) -> Handler:
+def respond(
+    status: int,
+    body: bytes | str,
+    content_type: str = "application/json",
+    headers: dict[str, str] | None = None,
+) -> Handler:
     async def handler(request: web.Request) -> web.Response:
         data = body.encode() if isinstance(body, str) else body
-        return web.Response(status=status, body=data, headers={"Content-Type": content_type, **(headers or {})})
+        return web.Response(
+            status=status, body=data, headers={"Content-Type": content_type, **(headers or {})}
+        )
+
     return handler
 
 
 def hang() -> Handler:
     """Never answer; the handler is cancelled when the connection closes."""
+
     async def handler(request: web.Request) -> web.Response:
         await asyncio.sleep(3600)
         raise AssertionError("unreachable")
+
     return handler
 
 
@@ -221,22 +281,26 @@ def slow(delay: float, then: Handler) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
         await asyncio.sleep(delay)
         return await then(request)
+
     return handler
 
 
 def raw(data: bytes) -> Handler:
     """Write raw bytes on the socket (not HTTP, or a cut response), then close it."""
+
     async def handler(request: web.Request) -> web.StreamResponse:
         assert request.transport is not None
         request.transport.write(data)
         request.transport.close()
         await asyncio.sleep(0.05)
         return web.Response()
+
     return handler
 
 
 def sse_then_drop(events: int, model: str = "tiny-model", delay: float = 0.0) -> Handler:
     """Start a 200 SSE stream, send `events` events, then drop the connection."""
+
     async def handler(request: web.Request) -> web.StreamResponse:
         resp = await start_sse(request)
         for i in range(events):
@@ -246,17 +310,20 @@ def sse_then_drop(events: int, model: str = "tiny-model", delay: float = 0.0) ->
         request.transport.close()
         await asyncio.sleep(0.05)
         return resp
+
     return handler
 
 
 def sse_forever(model: str = "tiny-model", delay: float = 0.05) -> Handler:
     """A stream that never ends, one event per `delay`; for hang-up and shutdown tests."""
+
     async def handler(request: web.Request) -> web.StreamResponse:
         resp = await start_sse(request)
         for i in itertools.count():
             await resp.write(sse_chunk(model, i))
             await asyncio.sleep(delay)
         return resp
+
     return handler
 
 

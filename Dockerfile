@@ -1,0 +1,36 @@
+# syntax=docker/dockerfile:1
+# The sidecar alone (vLLM runs in its own container): a wheel built in one stage, installed into a
+# venv in a second, copied onto a clean slim base that runs it as a numeric non-root user.
+ARG PYTHON_IMAGE=python:3.12-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+WORKDIR /src
+# Only what the wheel needs (.dockerignore keeps the context to these files).
+COPY pyproject.toml README.md ./
+COPY proxy ./proxy
+RUN python -m venv /opt/vllm-sidecar \
+    && /opt/vllm-sidecar/bin/pip install --no-cache-dir /src
+
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="vllm-sidecar" \
+      org.opencontainers.image.description="Reverse-proxy sidecar for vLLM: model-name resolution, error envelopes, Prometheus metrics" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=build /opt/vllm-sidecar /opt/vllm-sidecar
+# Numeric user so Kubernetes' runAsNonRoot can verify it without an /etc/passwd lookup.
+USER 65532:65532
+ENV PATH=/opt/vllm-sidecar/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    VLLM_SIDECAR_HOST=0.0.0.0 \
+    VLLM_SIDECAR_PORT=8080 \
+    VLLM_SIDECAR_ADMIN_PORT=8081
+# 8080: the proxy (clients and SkyRL); 8081: admin (/metrics, /livez, /readyz, /models).
+EXPOSE 8080 8081
+# The slim base has no curl: Python's urllib is enough. /livez never depends on vLLM, so a slow
+# or restarting vLLM does not make Docker restart the sidecar.
+HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/livez' % os.environ.get('VLLM_SIDECAR_ADMIN_PORT', '8081'), timeout=2)"]
+# Exec form: the sidecar is PID 1 and gets SIGTERM itself, so its shutdown grace applies.
+ENTRYPOINT ["vllm-sidecar"]

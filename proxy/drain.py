@@ -1,0 +1,41 @@
+"""Graceful drain: the handlers in flight, awaited for the grace period, then told to stop.
+
+aiohttp's own shutdown closes each connection right after cancelling its handler, so a stream
+cut at the deadline could not say why. Cancelling the handlers here first, while their
+connections are still open, lets each stream end with an SSE error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+log = logging.getLogger(__name__)
+
+
+class InFlight:
+    def __init__(self) -> None:
+        self.tasks: set[asyncio.Task[object]] = set()
+        self.draining = False
+
+    def add(self) -> asyncio.Task[object] | None:
+        task = asyncio.current_task()
+        if task is not None:
+            self.tasks.add(task)
+        return task
+
+    def discard(self, task: asyncio.Task[object] | None) -> None:
+        if task is not None:
+            self.tasks.discard(task)
+
+    async def drain(self, grace: float) -> None:
+        """Wait up to `grace` seconds for in-flight handlers, then cancel the rest."""
+        self.draining = True
+        if self.tasks:
+            log.info("waiting for %d in-flight requests", len(self.tasks))
+            await asyncio.wait(set(self.tasks), timeout=grace)
+        if self.tasks:
+            log.warning("grace period over: stopping %d requests", len(self.tasks))
+            for task in list(self.tasks):
+                task.cancel()
+            await asyncio.wait(set(self.tasks), timeout=5)

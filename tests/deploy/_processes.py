@@ -1,0 +1,140 @@
+"""Real processes for the deployment tests: the `vllm-sidecar` CLI, a fake vLLM, ports, polling."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from ._support import KUBERNETES, REPO, kustomize_build
+
+# What the fake vLLM serves, and what it says the model was loaded from (its `root`), as with
+# `vllm serve Qwen/Qwen2.5-0.5B-Instruct --served-model-name Qwen2.5-0.5B-Instruct`.
+SERVED = "Qwen2.5-0.5B-Instruct"
+ROOT = "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def wait_until(what: str, check: Callable[[], bool], deadline: float = 30.0) -> None:
+    """Poll `check` until it holds; a deadline only turns a hang into a clear failure."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        try:
+            if check():
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@dataclass
+class Process:
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@dataclass
+class Stack:
+    """A fake vLLM and the sidecar in front of it, each a real process on real ports."""
+
+    vllm_port: int
+    port: int
+    admin_port: int
+    vllm: Process
+    sidecar: Process
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+
+def sidecar_command() -> str:
+    script = Path(sys.executable).parent / "vllm-sidecar"
+    if not script.exists():
+        pytest.fail("the vllm-sidecar console script is not installed: run `make test-env`")
+    return str(script)
+
+
+def manifest_env() -> dict[str, str]:
+    """The sidecar container's environment as the Kubernetes Deployment sets it."""
+    deployment = next(d for d in kustomize_build(KUBERNETES) if d["kind"] == "Deployment")
+    sidecar = deployment["spec"]["template"]["spec"]["initContainers"][0]
+    return {item["name"]: item["value"] for item in sidecar["env"]}
+
+
+def spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> Process:
+    handle = log.open("wb")
+    popen = subprocess.Popen(
+        args, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+    )
+    handle.close()
+    return Process(popen, log)
+
+
+def start_sidecar(
+    upstream_port: int, logs: Path, **extra_env: str
+) -> tuple[Process, dict[str, str]]:
+    """The real CLI, configured by the Deployment's environment with test ports swapped in."""
+    port, admin_port = free_port(), free_port()
+    env = {
+        **manifest_env(),
+        "VLLM_SIDECAR_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}",
+        "VLLM_SIDECAR_HOST": "127.0.0.1",
+        "VLLM_SIDECAR_PORT": str(port),
+        "VLLM_SIDECAR_ADMIN_PORT": str(admin_port),
+        "VLLM_SIDECAR_HEALTH_INTERVAL": "0.2",
+        "VLLM_SIDECAR_SHUTDOWN_GRACE": "1",
+        **extra_env,
+    }
+    process = spawn([sidecar_command()], logs / f"sidecar-{port}.log", env)
+    admin = f"http://127.0.0.1:{admin_port}"
+
+    def live() -> bool:
+        if process.popen.poll() is not None:
+            raise AssertionError(f"vllm-sidecar exited:\n{process.output()}")
+        return http_get(admin + "/livez")[0] == 200
+
+    wait_until("the sidecar's /livez", live)
+    return process, env

@@ -1,0 +1,53 @@
+"""Fixtures of the deployment tests: the real `vllm-sidecar` process in front of a fake vLLM."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from ._processes import (
+    ROOT,
+    SERVED,
+    Process,
+    Stack,
+    free_port,
+    http_get,
+    spawn,
+    start_sidecar,
+    wait_until,
+)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    logs = tmp_path_factory.mktemp("stack")
+    vllm_port = free_port()
+    vllm = spawn(
+        [
+            sys.executable,
+            "-m",
+            "tests.fake_vllm",
+            "--port",
+            str(vllm_port),
+            "--served-model-name",
+            SERVED,
+            "--root",
+            ROOT,
+        ],
+        logs / "fake-vllm.log",
+    )
+    sidecar: Process | None = None
+    try:
+        sidecar, env = start_sidecar(vllm_port, logs)
+        admin_port = int(env["VLLM_SIDECAR_ADMIN_PORT"])
+        wait_until(
+            "the sidecar's /readyz",
+            lambda: http_get(f"http://127.0.0.1:{admin_port}/readyz")[0] == 200,
+        )
+        yield Stack(vllm_port, int(env["VLLM_SIDECAR_PORT"]), admin_port, vllm, sidecar, env)
+    finally:
+        if sidecar is not None:
+            sidecar.stop()
+        vllm.stop()

@@ -1,0 +1,42 @@
+"""Fixtures for the SkyRL tests: a real tokenizer, and the fake vLLM serving the seed's model."""
+
+from __future__ import annotations
+
+# Must run before anything imports skyrl: skyrl 0.2.0 does not import on Python 3.11 as
+# released, and tests.skyrl.seed imports it with a test-only workaround (see _import_skyrl
+# there, which says why). It lives in seed.py, not here, so that suites outside tests/skyrl
+# (the real-vLLM tests) get the same import when they reuse the seed helper.
+import tests.skyrl.seed  # noqa: F401  # isort: skip
+
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from tests.fake_vllm import FakeVLLM
+
+# The seed's deployment: vLLM started with `--served-model-name Qwen2.5-0.5B` on the HF model
+# `Qwen/Qwen2.5-0.5B`, while SkyRL asks for `trainer.policy.model.path`, the HF path.
+SERVED = "Qwen2.5-0.5B"
+HF_PATH = "Qwen/Qwen2.5-0.5B"
+
+
+def hostport(server: TestServer | TestClient[Any, Any]) -> str:
+    """A listener as SkyRL's `remote_urls` name it: host:port, no scheme."""
+    return f"{server.host}:{server.port}"
+
+
+@pytest.fixture
+def fake() -> FakeVLLM:
+    return FakeVLLM(served=[(SERVED, HF_PATH)])
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> PreTrainedTokenizerFast:
+    """A real transformers tokenizer, built locally (no hub): words of the fake's replies."""
+    words = ["[UNK]", "fox", "t0", "t1", "t2"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")

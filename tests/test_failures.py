@@ -1,0 +1,183 @@
+"""Every failure reason: the client's status, envelope and header, and the failure metric."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+from aiohttp.test_utils import TestServer
+
+from tests.conftest import MakeSidecar, Sidecar
+from tests.fake_vllm import FakeVLLM, hang, raw, respond, sse_then_drop
+
+COMPLETION = {"model": "org/tiny-model", "prompt": [[1, 2]]}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def failures(
+    sidecar: Sidecar,
+    reason: str,
+    status: str,
+    source: str = "sidecar",
+    route: str = "/v1/completions",
+) -> float:
+    return sidecar.metric(
+        "vllm_sidecar_failures_total", route=route, source=source, reason=reason, status=status
+    )
+
+
+async def assert_envelope(resp: object, status: int, reason: str) -> dict[str, object]:
+    assert resp.status == status  # type: ignore[attr-defined]
+    assert resp.headers["X-Sidecar-Error"] == reason  # type: ignore[attr-defined]
+    err = (await resp.json())["error"]  # type: ignore[attr-defined]
+    assert (err["code"], err["reason"]) == (status, reason)
+    assert err["request_id"] == resp.headers["X-Request-Id"]  # type: ignore[attr-defined]
+    return err  # type: ignore[no-any-return]
+
+
+async def test_refused_connection_is_502(make_sidecar: MakeSidecar) -> None:
+    sidecar = await make_sidecar(f"http://127.0.0.1:{free_port()}", ready=False)
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    err = await assert_envelope(resp, 502, "upstream_unreachable")
+    assert err["source"] == "sidecar"
+    assert err["retryable"] is True
+    assert "Could not connect to the upstream" in str(err["message"])
+    assert failures(sidecar, "upstream_unreachable", "502") == 1
+
+
+async def test_read_timeout_is_504(
+    upstream: TestServer, make_sidecar: MakeSidecar, fake: FakeVLLM
+) -> None:
+    sidecar = await make_sidecar(str(upstream.make_url("")), read_timeout=0.2)
+    fake.script("POST /v1/completions", hang())
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    await assert_envelope(resp, 504, "upstream_timeout")
+    assert failures(sidecar, "upstream_timeout", "504") == 1
+
+
+async def test_reset_before_headers_is_502(sidecar: Sidecar, fake: FakeVLLM) -> None:
+    fake.script("POST /v1/completions", raw(b""))
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    await assert_envelope(resp, 502, "upstream_disconnected")
+    assert failures(sidecar, "upstream_disconnected", "502") == 1
+
+
+async def test_cut_json_body_is_502(sidecar: Sidecar, fake: FakeVLLM) -> None:
+    fake.script(
+        "POST /v1/completions",
+        raw(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n"
+            b'{"id": "cmpl-1", "choi'
+        ),
+    )
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    await assert_envelope(resp, 502, "upstream_disconnected")
+
+
+async def test_not_http_is_502(sidecar: Sidecar, fake: FakeVLLM) -> None:
+    fake.script("POST /v1/completions", raw(b"SSH-2.0-OpenSSH_9.6\r\n\r\n"))
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    err = await assert_envelope(resp, 502, "upstream_invalid_response")
+    assert "invalid HTTP response" in str(err["message"])
+
+
+async def test_html_500_is_enveloped_with_its_text(sidecar: Sidecar, fake: FakeVLLM) -> None:
+    fake.script(
+        "POST /v1/completions",
+        respond(500, "<html><h1>Internal Server Error</h1></html>", content_type="text/html"),
+    )
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    err = await assert_envelope(resp, 500, "upstream_status")
+    assert err["upstream"]["body"] == "<html><h1>Internal Server Error</h1></html>"  # type: ignore[index]
+    assert err["retryable"] is True
+    assert failures(sidecar, "upstream_status", "500", source="upstream") == 1
+
+
+async def test_503_empty_body_keeps_retry_after(sidecar: Sidecar, fake: FakeVLLM) -> None:
+    fake.script("POST /v1/completions", respond(503, b"", headers={"Retry-After": "7"}))
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    err = await assert_envelope(resp, 503, "upstream_status")
+    assert resp.headers["Retry-After"] == "7"
+    assert str(err["message"]).endswith("(empty body)")
+
+
+async def test_huge_error_body_is_cut_and_marked(
+    upstream: TestServer, make_sidecar: MakeSidecar, fake: FakeVLLM
+) -> None:
+    sidecar = await make_sidecar(str(upstream.make_url("")), error_body_bytes=1000)
+    fake.script("POST /v1/completions", respond(500, b"E" * 10_000_000, content_type="text/plain"))
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    err = await assert_envelope(resp, 500, "upstream_status")
+    up = err["upstream"]
+    assert up["body_truncated"] is True
+    assert up["body"] == "E" * 1000
+
+
+async def test_stream_dropped_mid_way_ends_with_an_error_event(
+    sidecar: Sidecar, fake: FakeVLLM
+) -> None:
+    fake.script("POST /v1/completions", sse_then_drop(2))
+    resp = await sidecar.client.post("/v1/completions", json={**COMPLETION, "stream": True})
+    assert resp.status == 200
+    events = (await resp.text()).split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""]
+    error = json.loads(events[-3].removeprefix("data: "))["error"]
+    assert (error["reason"], error["code"], error["source"]) == (
+        "upstream_disconnected",
+        502,
+        "sidecar",
+    )
+    assert error["request_id"] == resp.headers["X-Request-Id"]
+    assert sum(1 for e in events if '"text"' in e) == 2
+    assert failures(sidecar, "upstream_disconnected", "502") == 1
+
+
+async def test_stream_read_timeout_ends_with_an_error_event(
+    upstream: TestServer, make_sidecar: MakeSidecar, fake: FakeVLLM
+) -> None:
+    sidecar = await make_sidecar(str(upstream.make_url("")), read_timeout=0.3)
+    fake.script("POST /v1/completions", sse_then_drop(1, delay=2))
+    resp = await sidecar.client.post("/v1/completions", json={**COMPLETION, "stream": True})
+    text = await resp.text()
+    assert '"reason":"upstream_timeout"' in text
+    assert text.endswith("data: [DONE]\n\n")
+
+
+async def test_slow_trickle_is_not_a_timeout(
+    upstream: TestServer, make_sidecar: MakeSidecar, fake: FakeVLLM
+) -> None:
+    sidecar = await make_sidecar(str(upstream.make_url("")), read_timeout=0.5)
+    fake.stream_events, fake.stream_delay = 6, 0.2  # 1.2 s in all, never 0.5 s silent
+    resp = await sidecar.client.post("/v1/completions", json={**COMPLETION, "stream": True})
+    text = await resp.text()
+    assert text.count('"text"') == 6
+    assert '"error"' not in text
+
+
+async def test_client_hang_up_cancels_the_upstream_request(
+    sidecar: Sidecar, fake: FakeVLLM
+) -> None:
+    fake.script("POST /v1/completions", hang())
+    task = asyncio.create_task(sidecar.client.post("/v1/completions", json=COMPLETION))
+    for _ in range(200):
+        if fake.requests and fake.requests[-1].raw_path == "/v1/completions":
+            break
+        await asyncio.sleep(0.01)
+    task.cancel()
+    for _ in range(200):
+        if fake.cancelled:
+            break
+        await asyncio.sleep(0.01)
+    assert fake.cancelled == ["/v1/completions"]
+    for _ in range(100):
+        if sidecar.metric("vllm_sidecar_client_disconnects_total", route="/v1/completions"):
+            break
+        await asyncio.sleep(0.01)
+    assert sidecar.metric("vllm_sidecar_client_disconnects_total", route="/v1/completions") == 1
+    assert sidecar.metric("vllm_sidecar_in_flight_requests", route="/v1/completions") == 0

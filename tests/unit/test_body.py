@@ -1,0 +1,125 @@
+"""Finding and replacing the top-level `model` without touching other bytes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.body import find_model, replace_model
+from proxy.errors import InvalidJSON, InvalidRequest
+
+
+def test_model_first_with_token_ids() -> None:
+    body = b'{"model": "Qwen/Qwen2.5-0.5B", "prompt": [[1, 2, 3], [4]], "max_tokens": 8}'
+    field = find_model(body)
+    assert field is not None
+    assert field.value == "Qwen/Qwen2.5-0.5B"
+    out = replace_model(body, field, "Qwen2.5-0.5B")
+    assert out == b'{"model": "Qwen2.5-0.5B", "prompt": [[1, 2, 3], [4]], "max_tokens": 8}'
+
+
+def test_model_after_nested_values_and_odd_whitespace() -> None:
+    body = (
+        b'\n {\t"messages" : [{"role": "user", "content": "say \\"model\\": {[x]}"}],'
+        b' "n":1.5e3 , "stop":null,"model"\r\n:\n"a/b" }\n'
+    )
+    field = find_model(body)
+    assert field is not None
+    assert field.value == "a/b"
+    out = replace_model(body, field, "b")
+    assert out == body.replace(b'"a/b"', b'"b"')
+
+
+def test_escaped_key_and_value() -> None:
+    body = b'{"mod\\u0065l": "caf\\u00e9/x", "p": 1}'
+    field = find_model(body)
+    assert field is not None
+    assert field.value == "café/x"
+    assert json.loads(replace_model(body, field, "x")) == {"model": "x", "p": 1}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"prompt": "x"}', b"{}", b"[1, 2]", b'"model"', b"  ", b'{"nested": {"model": "a"}}'],
+)
+def test_no_top_level_model(body: bytes) -> None:
+    assert find_model(body) is None
+
+
+@pytest.mark.parametrize("value", [b"1", b"null", b'["a"]', b'{"a": 1}', b"true"])
+def test_non_string_model_is_reported_without_value(value: bytes) -> None:
+    field = find_model(b'{"model": ' + value + b', "x": 1}')
+    assert field is not None
+    assert field.value is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"model" "a"}', b'{"prompt": [1, 2}, "model": "a"}', b"{'model': 'a'}", b'{"model": tru}'],
+)
+def test_malformed_json_up_to_the_model_names_the_error(body: bytes) -> None:
+    with pytest.raises(InvalidJSON, match="not valid JSON"):
+        find_model(body)
+
+
+@pytest.mark.parametrize("body", [b'{"model": "a",', b'{"model": "a"]', b'{"model": "a", "p": [}'])
+def test_bytes_after_the_model_are_left_for_vllm_to_judge(body: bytes) -> None:
+    # Megabytes of token ids may follow the model; they are forwarded unread and vLLM
+    # answers a syntax error there with its own 400, which reaches the client enveloped.
+    field = find_model(body)
+    assert field is not None
+    assert field.value == "a"
+
+
+def test_duplicate_model_keys_are_refused() -> None:
+    with pytest.raises(InvalidRequest, match="2 top-level `model` keys"):
+        find_model(b'{"model": "a", "prompt": [1], "model": "b"}')
+
+
+def test_model_string_inside_values_is_not_a_duplicate() -> None:
+    body = b'{"model": "a", "messages": [{"role": "model", "model": "c"}], "x": "model"}'
+    field = find_model(body)
+    assert field is not None
+    assert field.value == "a"
+
+
+def test_non_utf8_model_value() -> None:
+    with pytest.raises(InvalidJSON, match="model"):
+        find_model(b'{"model": "\xff\xfe", "p": 1}')
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(
+    before=st.dictionaries(st.text().filter(lambda k: k != "model"), json_values, max_size=4),
+    after=st.dictionaries(st.text().filter(lambda k: k != "model"), json_values, max_size=4),
+    model=st.text(),
+    new=st.text(),
+    indent=st.sampled_from([None, 1]),
+    ascii_only=st.booleans(),
+)
+def test_rewrite_changes_only_the_model(
+    before: dict[str, object],
+    after: dict[str, object],
+    model: str,
+    new: str,
+    indent: int | None,
+    ascii_only: bool,
+) -> None:
+    doc = {**before, "model": model, **{k: v for k, v in after.items() if k not in before}}
+    body = json.dumps(doc, indent=indent, ensure_ascii=ascii_only).encode()
+    field = find_model(body)
+    assert field is not None
+    assert field.value == model
+    out = replace_model(body, field, new)
+    assert json.loads(out) == {**doc, "model": new}
+    assert out[: field.start] == body[: field.start]
+    assert out[len(out) - (len(body) - field.end) :] == body[field.end :]

@@ -1,0 +1,87 @@
+"""Hop-by-hop removal (RFC 9110 section 7.6.1), X-Forwarded-*, request ids."""
+
+from __future__ import annotations
+
+from multidict import CIMultiDict
+
+from proxy.headers import request_id, response_headers, upstream_request_headers
+
+
+def test_hop_by_hop_and_connection_named_fields_are_dropped() -> None:
+    incoming = CIMultiDict(
+        [
+            ("Connection", "keep-alive, X-Secret"),
+            ("X-Secret", "1"),
+            ("Keep-Alive", "5"),
+            ("TE", "trailers"),
+            ("Transfer-Encoding", "chunked"),
+            ("Upgrade", "h2c"),
+            ("Proxy-Authorization", "x"),
+            ("Host", "client.example"),
+            ("Content-Length", "9"),
+            ("Authorization", "Bearer t"),
+            ("Content-Type", "application/json"),
+            ("Accept", "a"),
+            ("Accept", "b"),
+        ]
+    )
+    out = upstream_request_headers(
+        incoming, rid="r1", client_ip="10.0.0.9", scheme="http", host="client.example"
+    )
+    for gone in (
+        "Connection",
+        "X-Secret",
+        "Keep-Alive",
+        "TE",
+        "Transfer-Encoding",
+        "Upgrade",
+        "Proxy-Authorization",
+        "Host",
+        "Content-Length",
+    ):
+        assert gone not in out
+    assert out["Authorization"] == "Bearer t"
+    assert out.getall("Accept") == ["a", "b"]
+    assert out["X-Forwarded-For"] == "10.0.0.9"
+    assert out["X-Forwarded-Proto"] == "http"
+    assert out["X-Forwarded-Host"] == "client.example"
+    assert out["X-Request-Id"] == "r1"
+
+
+def test_forwarded_for_appends_to_the_chain() -> None:
+    out = upstream_request_headers(
+        CIMultiDict({"X-Forwarded-For": "1.1.1.1"}),
+        rid="r",
+        client_ip="2.2.2.2",
+        scheme="https",
+        host=None,
+    )
+    assert out["X-Forwarded-For"] == "1.1.1.1, 2.2.2.2"
+    assert "X-Forwarded-Host" not in out
+
+
+def test_response_headers_keep_entity_headers() -> None:
+    upstream = CIMultiDict(
+        [
+            ("Content-Encoding", "gzip"),
+            ("Content-Length", "10"),
+            ("Transfer-Encoding", "chunked"),
+            ("Connection", "close"),
+            ("Retry-After", "3"),
+        ]
+    )
+    out = response_headers(upstream, rid="r")
+    assert out["Content-Encoding"] == "gzip"
+    assert out["Content-Length"] == "10"
+    assert out["Retry-After"] == "3"
+    assert out["X-Request-Id"] == "r"
+    assert "Transfer-Encoding" not in out
+    assert "Connection" not in out
+
+
+def test_request_id_kept_or_made() -> None:
+    assert request_id(CIMultiDict({"X-Request-Id": "abc-1"})) == "abc-1"
+    made = request_id(CIMultiDict())
+    assert len(made) == 32
+    assert made != request_id(CIMultiDict())
+    assert request_id(CIMultiDict({"X-Request-Id": "x" * 500})) != "x" * 500

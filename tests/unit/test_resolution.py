@@ -1,0 +1,145 @@
+"""Model resolution rules, in DESIGN.md's order, with no sockets."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.resolution import (
+    ModelTable,
+    ServedModel,
+    basename,
+    parse_models_list,
+)
+
+QWEN = ServedModel("Qwen2.5-0.5B", "/models/Qwen/Qwen2.5-0.5B")
+
+
+def table(
+    *served: ServedModel, aliases: dict[str, str] | None = None, ci: bool = True
+) -> ModelTable:
+    return ModelTable(list(served), aliases, case_insensitive=ci)
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("Qwen/Qwen2.5-0.5B", "Qwen2.5-0.5B"),
+        ("/data/ckpt/Qwen2.5-0.5B/", "Qwen2.5-0.5B"),
+        ("Qwen2.5-0.5B", "Qwen2.5-0.5B"),
+        ("", ""),
+    ],
+)
+def test_basename(name: str, expected: str) -> None:
+    assert basename(name) == expected
+
+
+def test_exact_name_wins_and_is_unchanged() -> None:
+    res = table(QWEN).resolve("Qwen2.5-0.5B")
+    assert (res.served, res.rule, res.changed) == ("Qwen2.5-0.5B", "exact", False)
+
+
+def test_configured_alias() -> None:
+    res = table(QWEN, aliases={"policy": "Qwen2.5-0.5B"}).resolve("policy")
+    assert (res.served, res.rule) == ("Qwen2.5-0.5B", "alias")
+
+
+def test_alias_beats_root_and_basename() -> None:
+    other = ServedModel("other", "/x/other")
+    t = table(QWEN, other, aliases={"/models/Qwen/Qwen2.5-0.5B": "other"})
+    assert t.resolve("/models/Qwen/Qwen2.5-0.5B").served == "other"
+
+
+def test_root_path() -> None:
+    res = table(QWEN).resolve("/models/Qwen/Qwen2.5-0.5B")
+    assert (res.served, res.rule) == ("Qwen2.5-0.5B", "root")
+
+
+def test_hf_path_to_served_basename() -> None:
+    res = table(QWEN).resolve("Qwen/Qwen2.5-0.5B")
+    assert (res.served, res.rule, res.changed) == ("Qwen2.5-0.5B", "basename", True)
+
+
+def test_basename_to_served_hf_path() -> None:
+    res = table(ServedModel("Qwen/Qwen2.5-0.5B")).resolve("Qwen2.5-0.5B")
+    assert (res.served, res.rule) == ("Qwen/Qwen2.5-0.5B", "basename")
+
+
+def test_local_path_by_last_component() -> None:
+    res = table(ServedModel("tiny", "/models/org/tiny-llama")).resolve("/elsewhere/tiny-llama")
+    assert (res.served, res.rule) == ("tiny", "basename")
+
+
+def test_case_rule_and_switch() -> None:
+    assert table(QWEN).resolve("qwen/QWEN2.5-0.5b").rule == "case"
+    assert table(QWEN).resolve("qwen/QWEN2.5-0.5b").served == "Qwen2.5-0.5B"
+    assert table(QWEN, ci=False).resolve("qwen/QWEN2.5-0.5b").rule == "unresolved"
+
+
+def test_case_exact_before_case_basename() -> None:
+    t = table(ServedModel("a/Model", "/r1"), ServedModel("model", "/r2"))
+    assert t.resolve("MODEL").served == "model"
+
+
+def test_two_models_claiming_one_basename_are_ambiguous() -> None:
+    t = table(ServedModel("org-a/tiny", "/a/tiny"), ServedModel("org-b/tiny", "/b/tiny"))
+    res = t.resolve("other/tiny")
+    assert res.rule == "ambiguous"
+    assert res.served is None
+    assert set(res.candidates) == {"org-a/tiny", "org-b/tiny"}
+
+
+def test_two_names_for_one_model_are_not_ambiguous() -> None:
+    # vLLM `--served-model-name tiny-model org/tiny-model`: one root, two names; the first answers.
+    t = table(
+        ServedModel("tiny-model", "/models/tiny"), ServedModel("org/tiny-model", "/models/tiny")
+    )
+    res = t.resolve("other/tiny-model")
+    assert (res.served, res.rule) == ("tiny-model", "basename")
+
+
+def test_case_ambiguity() -> None:
+    t = table(ServedModel("Tiny", "/a"), ServedModel("tiny", "/b"))
+    assert t.resolve("Tiny").rule == "exact"
+    assert t.resolve("TINY").rule == "ambiguous"
+
+
+def test_unresolved_and_suggestions() -> None:
+    t = table(QWEN, ServedModel("llama-3-8b", "/m/llama-3-8b"))
+    res = t.resolve("Qwen/Qwen2.5-1.5B")
+    assert (res.served, res.rule) == (None, "unresolved")
+    assert t.suggestions("Qwen/Qwen2.5-1.5B")[0] == "Qwen2.5-0.5B"
+    assert "llama-3-8b" not in t.suggestions("Qwen/Qwen2.5-1.5B")
+
+
+def test_empty_table_resolves_nothing() -> None:
+    assert table().resolve("anything").rule == "unresolved"
+
+
+def test_describe_lists_aliases_with_rules() -> None:
+    t = table(QWEN, aliases={"policy": "Qwen2.5-0.5B"})
+    described = t.describe()
+    (entry,) = described["served"]
+    assert entry["id"] == "Qwen2.5-0.5B"
+    assert entry["root"] == "/models/Qwen/Qwen2.5-0.5B"
+    rules = {(a["alias"], a["rule"]) for a in entry["aliases"]}
+    assert ("policy", "alias") in rules
+    assert ("/models/Qwen/Qwen2.5-0.5B", "root") in rules
+    assert ("*/Qwen2.5-0.5B", "basename") in rules
+    assert described["ambiguous"] == []
+
+
+def test_describe_shows_ambiguity() -> None:
+    t = table(ServedModel("a/tiny", "/a/tiny"), ServedModel("b/tiny", "/b/tiny"))
+    amb = t.describe()["ambiguous"]
+    assert {"alias": "*/tiny", "rule": "basename", "candidates": ["a/tiny", "b/tiny"]} in amb
+
+
+def test_parse_models_list_reads_id_and_root() -> None:
+    payload = {"object": "list", "data": [{"id": "m", "root": "/r", "parent": None}, {"id": "n"}]}
+    assert parse_models_list(payload) == [ServedModel("m", "/r"), ServedModel("n", None)]
+
+
+@pytest.mark.parametrize("payload", [[], {"data": {}}, {"data": [{"root": "/r"}]}, None])
+def test_parse_models_list_rejects_other_shapes(payload: object) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011 - the message varies with the shape
+        parse_models_list(payload)

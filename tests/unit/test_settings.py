@@ -1,0 +1,122 @@
+"""Settings from flags and environment; bad values exit 2 with one line naming the setting."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from proxy.settings import load
+
+
+def test_defaults_match_the_design() -> None:
+    s = load([])
+    assert s.upstream_url == "http://127.0.0.1:8000"
+    assert (s.host, s.port, s.admin_port) == ("0.0.0.0", 8080, 8081)
+    assert s.served_model_names is None
+    assert s.aliases == {}
+    assert s.case_insensitive is True
+    assert s.discovery_interval == 30
+    assert s.connect_timeout == 10
+    assert s.read_timeout is None
+    assert s.max_body_bytes == 64 * 1024 * 1024
+    assert s.max_connections == 0
+    assert s.shutdown_grace == 25
+    assert (s.log_level, s.log_format) == ("info", "text")
+
+
+def test_flags() -> None:
+    s = load(
+        [
+            "--upstream-url",
+            "http://vllm:8000/",
+            "--aliases",
+            "policy=Qwen2.5-0.5B,ref=x",
+            "--served-model-names",
+            "a,b",
+            "--no-case-insensitive",
+            "--read-timeout",
+            "30",
+            "--max-body-bytes",
+            "1024",
+            "--log-format",
+            "json",
+        ]
+    )
+    assert s.upstream_url == "http://vllm:8000"
+    assert s.aliases == {"policy": "Qwen2.5-0.5B", "ref": "x"}
+    assert s.served_model_names == ["a", "b"]
+    assert s.case_insensitive is False
+    assert s.read_timeout == 30
+    assert s.max_body_bytes == 1024
+
+
+def test_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_SIDECAR_UPSTREAM_URL", "https://h:1")
+    monkeypatch.setenv("VLLM_SIDECAR_ALIASES", "a=b")
+    monkeypatch.setenv("VLLM_SIDECAR_SERVED_MODEL_NAMES", "m")
+    monkeypatch.setenv("VLLM_SIDECAR_CASE_INSENSITIVE", "false")
+    monkeypatch.setenv("VLLM_SIDECAR_READ_TIMEOUT", "none")
+    s = load([])
+    assert (s.upstream_url, s.aliases, s.served_model_names) == ("https://h:1", {"a": "b"}, ["m"])
+    assert s.case_insensitive is False
+    assert s.read_timeout is None
+
+
+def test_flag_beats_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_SIDECAR_PORT", "1")
+    assert load(["--port", "2"]).port == 2
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", **(env or {})},
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        (["--port", "abc"], None, "--port / VLLM_SIDECAR_PORT"),
+        ([], {"VLLM_SIDECAR_ADMIN_PORT": "70000"}, "--admin-port / VLLM_SIDECAR_ADMIN_PORT"),
+        (["--upstream-url", "ftp://x"], None, "--upstream-url"),
+        (["--aliases", "novalue"], None, "--aliases"),
+        (["--connect-timeout", "-1"], None, "--connect-timeout"),
+        (["--log-format", "xml"], None, "--log-format"),
+    ],
+)
+def test_bad_values_exit_2_with_one_line(
+    args: list[str], env: dict[str, str] | None, named: str
+) -> None:
+    proc = _cli(*args, env=env)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert named in lines[-1], proc.stderr
+
+
+def test_unknown_flag_exits_2() -> None:
+    proc = _cli("--no-such-flag")
+    assert proc.returncode == 2
+    assert "unrecognized arguments: --no-such-flag" in proc.stderr
+
+
+def test_help_lists_every_setting() -> None:
+    out = _cli("--help").stdout
+    for flag in (
+        "--upstream-url",
+        "--served-model-names",
+        "--aliases",
+        "--case-insensitive",
+        "--discovery-interval",
+        "--read-timeout",
+        "--max-body-bytes",
+        "--max-connections",
+        "--shutdown-grace",
+        "--log-format",
+    ):
+        assert flag in out
