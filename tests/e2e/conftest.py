@@ -2,7 +2,7 @@
 
 The expensive parts are session-scoped and started once: building the model (cached on disk
 between runs) and one `vllm serve` (20-50 s on two cores). Tests that kill or restart vLLM get
-their own server in `test_lifecycle.py`. Everything a test run starts is stopped by its
+their own server in `test_e2e_lifecycle.py`. Everything a test run starts is stopped by its
 fixture's finalizer, also on failure or Ctrl-C.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from .processes import ROOT, VLLM_VENV, SidecarProcess, TinyModel, VllmServer, running
+from ._processes import ROOT, VLLM_VENV, SidecarProcess, TinyModel, VllmServer, running
 
 
 @pytest.fixture(scope="session")

@@ -72,7 +72,7 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _group_members(pgid: int) -> list[int]:
+def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes whose process group is `pgid`."""
     members = []
     for entry in Path("/proc").iterdir():
@@ -176,7 +176,7 @@ class ManagedProcess:
         """SIGTERM the group, SIGKILL what is left after `grace_s`; wait for all of it."""
         if self.proc is None:
             return
-        shm = _shm_inodes(_group_members(self.proc.pid))
+        shm = _shm_inodes(group_members(self.proc.pid))
         self.signal_group(signal.SIGTERM)
         if not self._wait_group_gone(grace_s):
             self.signal_group(signal.SIGKILL)
@@ -187,7 +187,7 @@ class ManagedProcess:
         """SIGKILL the whole group at once, as a crash would; wait until it is gone."""
         if self.proc is None:
             return
-        shm = _shm_inodes(_group_members(self.proc.pid))
+        shm = _shm_inodes(group_members(self.proc.pid))
         self.signal_group(signal.SIGKILL)
         self._wait_group_gone(30.0)
         self._forget(shm)
@@ -198,13 +198,13 @@ class ManagedProcess:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=timeout_s)
         while time.monotonic() < end:
-            if not _group_members(self.proc.pid):
+            if not group_members(self.proc.pid):
                 return True
             time.sleep(0.1)
-        return not _group_members(self.proc.pid)
+        return not group_members(self.proc.pid)
 
     def _forget(self, shm: set[int]) -> None:
-        leftover = _group_members(self.proc.pid) if self.proc else []
+        leftover = group_members(self.proc.pid) if self.proc else []
         if leftover:
             raise RuntimeError(f"{self!r}: processes {leftover} outlived SIGKILL")
         _unlink_shm(shm)

@@ -12,8 +12,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from .helpers import DONE, metric, parse_sse
-from .processes import SidecarProcess, TinyModel, VllmServer
+from ._processes import SidecarProcess, TinyModel, VllmServer
+from ._support import DONE, metric, parse_sse
 
 pytestmark = pytest.mark.vllm
 

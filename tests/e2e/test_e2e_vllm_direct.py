@@ -5,7 +5,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from .processes import TinyModel, VllmServer
+from ._processes import TinyModel, VllmServer
 
 pytestmark = pytest.mark.vllm
 

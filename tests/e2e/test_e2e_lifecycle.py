@@ -15,8 +15,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from .helpers import DONE, eventually, metric, sse_data
-from .processes import SidecarProcess, TinyModel, VllmServer, running
+from ._processes import SidecarProcess, TinyModel, VllmServer, running
+from ._support import DONE, eventually, metric, sse_data
 
 pytestmark = pytest.mark.vllm
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .processes import ManagedProcess, _group_members, running
+from ._processes import ManagedProcess, group_members, running
 
 # A parent that forks a child into its group and maps a shared-memory file, like vLLM's API
 # server with its engine core; `ignore_term` makes it shrug off SIGTERM, like a stuck worker.
@@ -34,7 +34,7 @@ def start_tree(tmp_path: Path, mode: str) -> tuple[ManagedProcess, Path]:
     shm = Path("/dev/shm") / shm_name
     assert shm.exists()
     assert proc.proc is not None
-    assert len(_group_members(proc.proc.pid)) >= 2
+    assert len(group_members(proc.proc.pid)) >= 2
     return proc, shm
 
 
@@ -44,7 +44,7 @@ def test_stop_ends_the_whole_group(tmp_path: Path, mode: str) -> None:
     assert proc.proc is not None
     pgid = proc.proc.pid
     proc.stop(grace_s=1.0)
-    assert _group_members(pgid) == []
+    assert group_members(pgid) == []
     assert not shm.exists()
     assert not proc.running
 
@@ -54,7 +54,7 @@ def test_kill_ends_the_whole_group_and_its_shared_memory(tmp_path: Path) -> None
     assert proc.proc is not None
     pgid = proc.proc.pid
     proc.kill()
-    assert _group_members(pgid) == []
+    assert group_members(pgid) == []
     assert not shm.exists()
 
 
@@ -71,4 +71,4 @@ def test_running_stops_on_keyboard_interrupt(tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt):
         interrupted_block()
     assert len(pgids) == 1
-    assert _group_members(pgids[0]) == []
+    assert group_members(pgids[0]) == []

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from .processes import SidecarProcess, TinyModel
+from ._processes import SidecarProcess, TinyModel
 
 pytestmark = pytest.mark.vllm
 
