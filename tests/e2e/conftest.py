@@ -1,9 +1,9 @@
 """Fixtures for the end-to-end tests: a tiny local model, a real vLLM serving it, the sidecar.
 
-The expensive parts are session-scoped and started once: building the model (cached on disk
-between runs) and one `vllm serve` (20-50 s on two cores). Tests that kill or restart vLLM get
-their own server in `test_e2e_lifecycle.py`. Everything a test run starts is stopped by its
-fixture's finalizer, also on failure or Ctrl-C.
+The expensive parts are started once: building the model (cached on disk between runs) and one
+`vllm serve` (20-50 s on two cores), stopped when the last test here is done. Tests that kill or
+restart vLLM get their own server in `test_e2e_lifecycle.py`. Everything a test run starts is
+stopped by its fixture's finalizer, also on failure or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ def tiny_model(vllm_python: Path) -> TinyModel:
     return TinyModel(Path(done.stdout.strip().splitlines()[-1]))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def vllm_server(
     tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[VllmServer]:
-    """One real vLLM for the whole session, serving the model under its basename."""
+    """One real vLLM for this package's tests, serving the model under its basename."""
     server = VllmServer(
         tiny_model.path,
         tmp_path_factory.mktemp("vllm-shared"),
@@ -56,7 +56,7 @@ def vllm_server(
         yield server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def sidecar(
     vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SidecarProcess]:
