@@ -10,7 +10,7 @@ from .settings import load
 
 def main(argv: Sequence[str] | None = None) -> None:
     settings = load(argv)
-    logs.setup(settings.log_level, settings.log_format)
+    logs.setup(settings.log_level, settings.log_format, access_log=settings.access_log)
     server.run(settings)
 
 

@@ -25,7 +25,7 @@ class JSONFormatter(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
-def setup(level: str, fmt: str) -> None:
+def setup(level: str, fmt: str, *, access_log: bool = True) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         formatter: logging.Formatter = JSONFormatter()
@@ -36,3 +36,6 @@ def setup(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # The per-request line costs tens of microseconds; at tens of thousands of requests a
+    # second the metrics may be all an operator wants.
+    logging.getLogger("proxy.access").setLevel(logging.NOTSET if access_log else logging.WARNING)

@@ -62,6 +62,7 @@ class Settings(BaseSettings):
     shutdown_grace: float = Field(
         25.0, ge=0, description="seconds in-flight requests get after SIGTERM"
     )
+    access_log: bool = Field(True, description="one INFO line per request (logger proxy.access)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info")
     log_format: Literal["text", "json"] = Field("text")
 

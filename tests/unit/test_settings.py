@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 
 import pytest
 
+from proxy import logs
 from proxy.settings import load
 
 
@@ -62,6 +64,18 @@ def test_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (s.upstream_url, s.aliases, s.served_model_names) == ("https://h:1", {"a": "b"}, ["m"])
     assert s.case_insensitive is False
     assert s.read_timeout is None
+
+
+def test_access_log_switch() -> None:
+    access = logging.getLogger("proxy.access")
+    try:
+        logs.setup("info", "text", access_log=False)
+        assert not access.isEnabledFor(logging.INFO)
+        assert logging.getLogger("proxy.discovery").isEnabledFor(logging.INFO)
+        logs.setup("info", "text", access_log=True)
+        assert access.isEnabledFor(logging.INFO)
+    finally:
+        logs.setup("info", "text")
 
 
 def test_flag_beats_environment(monkeypatch: pytest.MonkeyPatch) -> None:
