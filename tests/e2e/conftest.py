@@ -15,7 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from ._processes import ROOT, VLLM_VENV, SidecarProcess, TinyModel, VllmServer, running
+from ._processes import ROOT, running
+from ._servers import VLLM_VENV, SidecarProcess, TinyModel, VllmServer
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from ._processes import SidecarProcess, TinyModel, VllmServer, running
+from ._processes import running
+from ._servers import SidecarProcess, TinyModel, VllmServer
 from ._support import DONE, eventually, metric, sse_data
 
 pytestmark = pytest.mark.vllm

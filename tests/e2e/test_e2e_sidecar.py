@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from ._processes import SidecarProcess, TinyModel, VllmServer
+from ._servers import SidecarProcess, TinyModel, VllmServer
 from ._support import DONE, metric, parse_sse
 
 pytestmark = pytest.mark.vllm

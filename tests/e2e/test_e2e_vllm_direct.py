@@ -5,7 +5,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from ._processes import TinyModel, VllmServer
+from ._servers import TinyModel, VllmServer
 
 pytestmark = pytest.mark.vllm
 
