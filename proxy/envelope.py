@@ -59,7 +59,8 @@ def status_type(status: int) -> str:
         phrase = HTTPStatus(status).phrase
     except ValueError:
         return "Error"
-    return "".join(w.capitalize() for w in phrase.replace("-", " ").split()) + "Error"
+    name = "".join(w.capitalize() for w in phrase.replace("-", " ").split())
+    return name if name.endswith("Error") else name + "Error"
 
 
 def decode_body(
@@ -182,9 +183,24 @@ def from_upstream_status(
 
 
 def encode(envelope: dict[str, Any]) -> bytes:
-    return orjson.dumps(envelope)
+    try:
+        return orjson.dumps(envelope)
+    except TypeError:
+        # A peer's non-UTF-8 header bytes reach us as lone surrogates (aiohttp decodes headers
+        # with surrogateescape), which JSON cannot carry: replace them rather than fail.
+        return orjson.dumps(_scrub(envelope))
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_scrub(k): _scrub(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_scrub(v) for v in value]
+    return value
 
 
 def sse_event(envelope: dict[str, Any]) -> bytes:
     """One SSE error event then the end marker, the way vLLM reports in-stream errors."""
-    return b"data: " + orjson.dumps(envelope) + b"\n\n" + SSE_DONE
+    return b"data: " + encode(envelope) + b"\n\n" + SSE_DONE

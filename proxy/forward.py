@@ -12,7 +12,15 @@ from .errors import ShuttingDown, SidecarFailure
 from .exchange import CLIENT_CLOSED, Exchange
 from .inbound import read_body, resolve_model
 from .keys import DISCOVERY, IN_FLIGHT, METRICS, SESSION, SETTINGS, UPSTREAM
-from .relay import BUFFER_LIMIT, buffered_reply, error_reply, failure_response, stream_reply
+from .relay import (
+    BUFFER_LIMIT,
+    buffered_reply,
+    checked_json_reply,
+    error_reply,
+    failure_response,
+    stream_reply,
+    unframed_json,
+)
 from .sse import is_event_stream
 from .upstream import UPSTREAM_ERRORS, classify, target
 
@@ -51,6 +59,13 @@ async def _handle(request: web.Request, ex: Exchange) -> web.StreamResponse:
         return failure_response(ex, failure, metrics, discovery)
 
 
+def _origin_form(request: web.Request) -> str:
+    """The raw path and query to forward; an absolute-form target (RFC 9112 section 3.2.2,
+    `GET http://host/path`) keeps only those: the request still goes to the upstream."""
+    raw = request.raw_path
+    return raw if raw.startswith("/") else request.rel_url.raw_path_qs
+
+
 async def _exchange(request: web.Request, ex: Exchange, body: bytes) -> web.StreamResponse:
     app = request.app
     metrics, discovery, settings = app[METRICS], app[DISCOVERY], app[SETTINGS]
@@ -66,7 +81,7 @@ async def _exchange(request: web.Request, ex: Exchange, body: bytes) -> web.Stre
     try:
         async with app[SESSION].request(
             request.method,
-            target(app[UPSTREAM], request.raw_path),
+            target(app[UPSTREAM], _origin_form(request)),
             data=body if body or request.method in ("POST", "PUT", "PATCH") else None,
             headers=out_headers,
             allow_redirects=False,
@@ -84,6 +99,8 @@ async def _exchange(request: web.Request, ex: Exchange, body: bytes) -> web.Stre
                     and length <= BUFFER_LIMIT
                 ):
                     return await buffered_reply(ex, resp)
+                if unframed_json(resp):
+                    return await checked_json_reply(ex, resp)
                 return await stream_reply(request, ex, resp, metrics, discovery)
             finally:
                 ex.upstream_time = time.perf_counter() - sent

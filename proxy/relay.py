@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
 from . import envelope
 from .discovery import Discovery
-from .errors import ShuttingDown, SidecarFailure
+from .errors import ShuttingDown, SidecarFailure, UpstreamInvalidResponse
 from .exchange import CLIENT_CLOSED, Exchange
 from .headers import SIDECAR_ERROR, drop, response_headers
 from .inbound import model_info
@@ -85,12 +86,45 @@ async def error_reply(
     )
 
 
-async def buffered_reply(ex: Exchange, resp: aiohttp.ClientResponse) -> web.Response:
-    body = await resp.read()
+async def buffered_reply(
+    ex: Exchange, resp: aiohttp.ClientResponse, body: bytes | None = None
+) -> web.Response:
+    body = await resp.read() if body is None else body
     headers = response_headers(resp.headers, rid=ex.request_id)
     drop(headers, ("Content-Length",))
     ex.status = resp.status
     return web.Response(status=resp.status, body=body, headers=headers)
+
+
+def unframed_json(resp: aiohttp.ClientResponse) -> bool:
+    """A JSON body with neither Content-Length nor chunking: it ends when the connection closes
+    (RFC 9112 section 6.3), so an upstream that dies half way looks complete to HTTP."""
+    return (
+        resp.content_length is None
+        and resp.method != "HEAD"
+        and resp.status not in (204, 304)
+        and "chunked" not in resp.headers.get("Transfer-Encoding", "").lower()
+        and "json" in resp.headers.get("Content-Type", "").lower()
+    )
+
+
+async def checked_json_reply(ex: Exchange, resp: aiohttp.ClientResponse) -> web.Response:
+    """An unframed JSON body, read whole and relayed only when it parses: a cut one is a 502."""
+    body, over = await _read_capped(resp, BUFFER_LIMIT)
+    where = f"for {ex.method} {ex.path}"
+    if over:
+        raise UpstreamInvalidResponse(
+            f"The upstream sent a JSON body over {BUFFER_LIMIT} bytes without Content-Length "
+            f"or chunked framing {where}; the sidecar cannot tell whether it is complete."
+        )
+    try:
+        orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise UpstreamInvalidResponse(
+            f"The upstream's JSON body {where} ended before it was complete (no Content-Length;"
+            f" the connection closed after {len(body)} bytes): {exc}"
+        ) from None
+    return await buffered_reply(ex, resp, body)
 
 
 async def stream_reply(

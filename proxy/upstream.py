@@ -24,6 +24,11 @@ def make_session(settings: Settings) -> aiohttp.ClientSession:
         limit_per_host=0,
         enable_cleanup_closed=False,
         ttl_dns_cache=60,
+        # Idle connections are dropped before vLLM drops them (uvicorn's keep-alive timeout,
+        # VLLM_HTTP_TIMEOUT_KEEP_ALIVE, is 5 s; aiohttp's default here is 15 s). Otherwise a
+        # request can go out on a connection the upstream is closing that very moment, and a
+        # POST is not retried: the client would get a 502 for a request vLLM never saw.
+        keepalive_timeout=4.0,
     )
     timeout = aiohttp.ClientTimeout(
         total=None,  # generations can run for many minutes
@@ -34,7 +39,8 @@ def make_session(settings: Settings) -> aiohttp.ClientSession:
         connector=connector,
         timeout=timeout,
         auto_decompress=False,  # relay Content-Encoding together with the bytes it describes
-        skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+        # Relay the client's headers, not aiohttp's: add none of its defaults.
+        skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
         cookie_jar=aiohttp.DummyCookieJar(),
         trust_env=False,
     )

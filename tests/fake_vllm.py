@@ -11,6 +11,8 @@ import argparse
 import asyncio
 import itertools
 import json
+import socket
+import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -327,15 +329,121 @@ def sse_forever(model: str = "tiny-model", delay: float = 0.05) -> Handler:
     return handler
 
 
+def reset(data: bytes = b"", *, delay: float = 0.0) -> Handler:
+    """Write raw bytes, wait `delay`, then abort the connection with a TCP RST (SO_LINGER 0)."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        assert request.transport is not None
+        if data:
+            request.transport.write(data)
+        await asyncio.sleep(delay)
+        abort(request)
+        await asyncio.sleep(0.05)
+        return web.Response()
+
+    return handler
+
+
+def abort(request: web.Request) -> None:
+    """Close the request's connection with a TCP RST rather than a FIN."""
+    transport = request.transport
+    assert transport is not None
+    sock = transport.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+def sse_then_reset(events: int, model: str = "tiny-model") -> Handler:
+    """Start a 200 SSE stream, send `events` events, then reset the connection."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = await start_sse(request)
+        for i in range(events):
+            await resp.write(sse_chunk(model, i))
+        await asyncio.sleep(0.2)  # an RST drops what the peer has not read yet
+        abort(request)
+        await asyncio.sleep(0.05)
+        return resp
+
+    return handler
+
+
+@dataclass
+class Firehose:
+    """An SSE stream of `total` bytes written as fast as the peer takes them; counts what left.
+
+    `sent` stops growing when the peer stops reading: what the backpressure tests look at.
+    """
+
+    total: int
+    chunk: int = 64 * 1024
+    sent: int = 0
+    finished: bool = False
+
+    def handler(self) -> Handler:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            resp = await start_sse(request)
+            body = b"data: " + b"x" * (self.chunk - 8) + b"\n\n"
+            while self.sent < self.total:
+                await resp.write(body)
+                self.sent += len(body)
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            self.finished = True
+            return resp
+
+        return handler
+
+
+@dataclass
+class Gate:
+    """SSE streams that send one event, then wait at the gate until it opens; counts arrivals.
+
+    Lets a test hold many streams open at once, look at the sidecar, then let them all finish.
+    """
+
+    events: int = 3
+    arrived: int = 0
+    finished: int = 0
+    opened: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def handler(self, request: web.Request) -> web.StreamResponse:
+        resp = await start_sse(request)
+        await resp.write(sse_chunk("tiny-model", 0))
+        self.arrived += 1
+        await self.opened.wait()
+        for i in range(1, self.events):
+            await resp.write(sse_chunk("tiny-model", i))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        self.finished += 1
+        return resp
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", nargs="+", default=["tiny-model"])
     parser.add_argument("--root", default="/models/sidecar-test/tiny-model")
+    parser.add_argument("--stream-events", type=int, default=3)
+    parser.add_argument("--stream-delay", type=float, default=0.0)
+    parser.add_argument(
+        "--keepalive-timeout", type=float, default=5.0, help="idle keep-alive, as uvicorn's 5 s"
+    )
     args = parser.parse_args()
-    fake = FakeVLLM(served=[(name, args.root) for name in args.served_model_name])
-    web.run_app(fake.app(), host=args.host, port=args.port, print=None)
+    fake = FakeVLLM(
+        served=[(name, args.root) for name in args.served_model_name],
+        stream_events=args.stream_events,
+        stream_delay=args.stream_delay,
+    )
+    web.run_app(
+        fake.app(),
+        host=args.host,
+        port=args.port,
+        print=None,
+        keepalive_timeout=args.keepalive_timeout,
+    )
 
 
 if __name__ == "__main__":

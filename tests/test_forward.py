@@ -376,6 +376,15 @@ async def test_hop_by_hop_headers_are_dropped(sidecar: Sidecar, fake: FakeVLLM) 
     assert "X-Upstream-Hop" not in resp.headers
 
 
+async def test_no_client_library_headers_are_added(sidecar: Sidecar, fake: FakeVLLM) -> None:
+    await raw_http(
+        sidecar.client, b"GET /v1/models HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+    )
+    seen = fake.last("/v1/models").headers
+    for added in ("Accept", "Accept-Encoding", "User-Agent", "Content-Type"):
+        assert added not in seen
+
+
 async def test_gzip_body_is_relayed_not_reencoded(sidecar: Sidecar, fake: FakeVLLM) -> None:
     payload = gzip.compress(b'{"ok": true}')
     fake.script("GET /v1/models", respond(200, payload, headers={"Content-Encoding": "gzip"}))

@@ -1,0 +1,132 @@
+"""Clients that misbehave: hang up early, mid-wait, mid-stream, or read slowly."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+
+import aiohttp
+from aiohttp.test_utils import TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import Sidecar
+from tests.fake_vllm import FakeVLLM, Firehose, sse_forever
+from tests.reliability.conftest import rss_bytes
+from tests.test_lifecycle import StartSidecar, wait_until
+
+STREAM = {"model": "org/tiny-model", "prompt": "x", "stream": True}
+MiB = 1 << 20
+
+
+async def scrape(admin_url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """The production sidecar's metrics, from its admin port."""
+    async with aiohttp.ClientSession() as session, session.get(f"{admin_url}/metrics") as resp:
+        text = await resp.text()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def sample(
+    metrics: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
+) -> float:
+    return metrics.get((name, frozenset(labels.items())), 0.0)
+
+
+def admin_of(proc: subprocess.Popen[bytes]) -> str:
+    args = list(proc.args)  # type: ignore[arg-type]
+    return f"http://127.0.0.1:{args[args.index('--admin-port') + 1]}"
+
+
+async def wait_metric(sidecar: Sidecar, name: str, value: float, **labels: str) -> None:
+    await wait_until(lambda: sidecar.metric(name, **labels) == value)
+
+
+async def test_hang_up_before_the_whole_body(sidecar: Sidecar, fake: FakeVLLM) -> None:
+    assert sidecar.client.port is not None
+    _, writer = await asyncio.open_connection("127.0.0.1", sidecar.client.port)
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000\r\n\r\n" + b'{"model": "tiny-model", "pro'
+    )
+    await writer.drain()
+    await wait_metric(sidecar, "vllm_sidecar_in_flight_requests", 1, route="/v1/completions")
+    writer.close()
+    await wait_metric(sidecar, "vllm_sidecar_in_flight_requests", 0, route="/v1/completions")
+    await wait_metric(sidecar, "vllm_sidecar_client_disconnects_total", 1, route="/v1/completions")
+    assert not any(r.raw_path == "/v1/completions" for r in fake.requests)
+    assert (
+        sidecar.metric(
+            "vllm_sidecar_requests_total", route="/v1/completions", method="POST", status="499"
+        )
+        == 1
+    )
+
+
+async def test_hang_up_mid_stream_cancels_the_upstream(sidecar: Sidecar, fake: FakeVLLM) -> None:
+    fake.script("POST /v1/completions", sse_forever(delay=0.02))
+    resp = await sidecar.client.post("/v1/completions", json=STREAM)
+    await resp.content.readuntil(b"\n\n")
+    resp.close()
+    await wait_until(lambda: fake.cancelled == ["/v1/completions"])
+    await wait_metric(sidecar, "vllm_sidecar_client_disconnects_total", 1, route="/v1/completions")
+    await wait_metric(sidecar, "vllm_sidecar_in_flight_requests", 0, route="/v1/completions")
+
+
+async def test_production_hang_up_before_the_body_and_mid_stream(
+    upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
+) -> None:
+    proc, url = await start_sidecar(str(upstream.make_url("")))
+    port = int(url.rsplit(":", 1)[1])
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000\r\n\r\n" + b'{"model": "tiny-model", "pro'
+    )
+    await writer.drain()
+    await asyncio.sleep(0.2)
+    writer.close()
+    fake.script("POST /v1/completions", sse_forever(delay=0.02))
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(f"{url}/v1/completions", json=STREAM)
+        await resp.content.readuntil(b"\n\n")
+        resp.close()
+    await wait_until(lambda: fake.cancelled == ["/v1/completions"])
+    assert sum(1 for r in fake.requests if r.raw_path == "/v1/completions") == 1
+    route = {"route": "/v1/completions"}
+    for _ in range(100):
+        metrics = await scrape(admin_of(proc))
+        if sample(metrics, "vllm_sidecar_client_disconnects_total", **route) == 2:
+            break
+        await asyncio.sleep(0.05)
+    assert sample(metrics, "vllm_sidecar_client_disconnects_total", **route) == 2
+    assert sample(metrics, "vllm_sidecar_in_flight_requests", **route) == 0
+
+
+async def test_slow_reader_is_not_buffered(
+    upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
+) -> None:
+    """Backpressure: a client that stops reading stops the upstream too, within socket buffers."""
+    proc, url = await start_sidecar(str(upstream.make_url("")))
+    fire = Firehose(total=128 * MiB)
+    fake.script("POST /v1/completions", fire.handler())
+    rss_before = rss_bytes(proc.pid)
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(f"{url}/v1/completions", json=STREAM)
+        got = len(await resp.content.readexactly(64 * 1024))
+        last = -1
+        while fire.sent != last:  # until the upstream is held back
+            last = fire.sent
+            await asyncio.sleep(0.5)
+        held, rss_held = fire.sent, rss_bytes(proc.pid)
+        print(
+            f"held at {held / MiB:.1f} MiB sent, rss {rss_before / MiB:.1f} -> {rss_held / MiB:.1f}"
+        )
+        async for chunk in resp.content.iter_any():
+            got += len(chunk)
+    assert fire.finished
+    assert got == fire.sent + len(b"data: [DONE]\n\n")
+    assert held < 32 * MiB
+    assert rss_held - rss_before < 16 * MiB

@@ -1,0 +1,246 @@
+"""Upstream faults not covered elsewhere: the client's exact answer, and the metric counting it.
+
+Refused connections, read timeouts, a FIN before the headers, HTML 500s, stream drops and vLLM's
+in-stream error event are in tests/test_failures.py and tests/test_forward.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import socket
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from tests.conftest import MakeSidecar, Sidecar
+from tests.fake_vllm import FakeVLLM, raw, reset, respond, sse_chunk, sse_then_reset, start_sse
+from tests.test_failures import COMPLETION, assert_envelope, failures
+
+STREAM = {**COMPLETION, "stream": True}
+
+
+def requests_total(sidecar: Sidecar, status: str, route: str = "/v1/completions") -> float:
+    return sidecar.metric("vllm_sidecar_requests_total", route=route, method="POST", status=status)
+
+
+def in_flight(sidecar: Sidecar) -> float:
+    return sidecar.metric("vllm_sidecar_in_flight_requests", route="/v1/completions")
+
+
+async def test_unreachable_host_is_502(make_sidecar: MakeSidecar) -> None:
+    # 127.255.255.255 is the loopback broadcast address: connect() fails at once with
+    # ENETUNREACH, and nothing leaves the machine.
+    sidecar = await make_sidecar("http://127.255.255.255:8000", ready=False)
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    err = await assert_envelope(resp, 502, "upstream_unreachable")
+    assert "unreachable" in str(err["message"]).lower()
+    assert err["retryable"] is True
+    assert failures(sidecar, "upstream_unreachable", "502") == 1
+    assert requests_total(sidecar, "502") == 1
+
+
+@pytest.fixture
+def full_backlog() -> Iterator[int]:
+    """A loopback port whose accept queue is full: a SYN to it is dropped, connect() hangs."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = int(listener.getsockname()[1])
+    filler = socket.create_connection(("127.0.0.1", port))  # fills the queue; never accepted
+    try:
+        yield port
+    finally:
+        filler.close()
+        listener.close()
+
+
+async def test_connect_timeout_is_504(make_sidecar: MakeSidecar, full_backlog: int) -> None:
+    sidecar = await make_sidecar(
+        f"http://127.0.0.1:{full_backlog}", ready=False, connect_timeout=0.3
+    )
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    err = await assert_envelope(resp, 504, "upstream_timeout")
+    assert "timed out" in str(err["message"])
+    assert failures(sidecar, "upstream_timeout", "504") == 1
+    assert requests_total(sidecar, "504") == 1
+
+
+async def test_reset_before_headers_is_502(sidecar: Sidecar, fake: FakeVLLM) -> None:
+    fake.script("POST /v1/completions", reset())
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    err = await assert_envelope(resp, 502, "upstream_disconnected")
+    assert "dropped" in str(err["message"])
+    assert failures(sidecar, "upstream_disconnected", "502") == 1
+
+
+async def test_reset_mid_body_is_502(sidecar: Sidecar, fake: FakeVLLM) -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 400\r\n\r\n"
+    fake.script("POST /v1/completions", reset(head + b'{"id":"cmpl-1","choi', delay=0.1))
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    await assert_envelope(resp, 502, "upstream_disconnected")
+    assert failures(sidecar, "upstream_disconnected", "502") == 1
+    assert requests_total(sidecar, "502") == 1
+
+
+async def test_cut_json_with_content_length_is_counted(sidecar: Sidecar, fake: FakeVLLM) -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n"
+    fake.script("POST /v1/completions", raw(head + b'{"id": "cmpl-1", "choi'))
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    await assert_envelope(resp, 502, "upstream_disconnected")
+    assert failures(sidecar, "upstream_disconnected", "502") == 1
+
+
+async def test_half_json_without_content_length_is_502(sidecar: Sidecar, fake: FakeVLLM) -> None:
+    # No Content-Length and no chunking: the body ends when the connection closes (RFC 9112
+    # section 6.3), so a crash half way looks like a complete body to the HTTP layer.
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
+    fake.script("POST /v1/completions", raw(head + b'{"id": "cmpl-1", "choi'))
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    err = await assert_envelope(resp, 502, "upstream_invalid_response")
+    assert err["source"] == "sidecar"
+    assert failures(sidecar, "upstream_invalid_response", "502") == 1
+
+
+async def test_whole_json_without_content_length_is_relayed(
+    sidecar: Sidecar, fake: FakeVLLM
+) -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
+    fake.script("POST /v1/completions", raw(head + b'{"id": "cmpl-1", "choices": []}'))
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    assert resp.status == 200
+    assert await resp.read() == b'{"id": "cmpl-1", "choices": []}'
+    assert requests_total(sidecar, "200") == 1
+
+
+async def test_chunked_body_cut_is_not_relayed_as_complete(
+    sidecar: Sidecar, fake: FakeVLLM
+) -> None:
+    # A chunked body is relayed as it comes, so the status is already sent when the cut comes:
+    # the sidecar then cuts the client's framing too, and the client's HTTP library says so.
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    fake.script("POST /v1/completions", raw(head + b"10\r\n" + b'{"id": "cmpl-1",' + b"\r\n"))
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    assert resp.status == 200
+    with pytest.raises(aiohttp.ClientPayloadError):
+        await resp.read()
+    assert failures(sidecar, "upstream_disconnected", "502") == 1
+    assert requests_total(sidecar, "200") == 1
+
+
+async def test_reset_mid_sse_ends_with_an_error_event(sidecar: Sidecar, fake: FakeVLLM) -> None:
+    fake.script("POST /v1/completions", sse_then_reset(2))
+    resp = await sidecar.client.post("/v1/completions", json=STREAM)
+    assert resp.status == 200
+    events = (await resp.text()).split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""]
+    assert sum(1 for e in events if '"text"' in e) == 2
+    error = json.loads(events[-3].removeprefix("data: "))["error"]
+    assert (error["reason"], error["code"]) == ("upstream_disconnected", 502)
+    assert failures(sidecar, "upstream_disconnected", "502") == 1
+
+
+async def test_not_http_is_counted(sidecar: Sidecar, fake: FakeVLLM) -> None:
+    fake.script("POST /v1/completions", raw(b"\x00\x01garbage\r\n\r\n"))
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    await assert_envelope(resp, 502, "upstream_invalid_response")
+    assert failures(sidecar, "upstream_invalid_response", "502") == 1
+
+
+async def test_503_empty_body_is_counted(sidecar: Sidecar, fake: FakeVLLM) -> None:
+    fake.script("POST /v1/completions", respond(503, b""))
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    err = await assert_envelope(resp, 503, "upstream_status")
+    assert err["upstream"]["body"] == ""  # type: ignore[index]
+    assert err["retryable"] is True
+    assert failures(sidecar, "upstream_status", "503", source="upstream") == 1
+
+
+async def test_gzip_html_error_body_is_decoded_and_counted(
+    sidecar: Sidecar, fake: FakeVLLM
+) -> None:
+    page = b"<html><body>502 Bad Gateway (nginx)</body></html>"
+    fake.script(
+        "POST /v1/completions",
+        respond(502, gzip.compress(page), "text/html", headers={"Content-Encoding": "gzip"}),
+    )
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    err = await assert_envelope(resp, 502, "upstream_status")
+    assert err["upstream"]["body"] == page.decode()  # type: ignore[index]
+    assert "502 Bad Gateway (nginx)" in str(err["message"])
+    assert failures(sidecar, "upstream_status", "502", source="upstream") == 1
+
+
+async def test_non_utf8_header_bytes_still_get_an_envelope(
+    sidecar: Sidecar, fake: FakeVLLM
+) -> None:
+    fake.script(
+        "POST /v1/completions",
+        raw(b"HTTP/1.1 500 Oops\r\nContent-Type: text/\xff\xfe\r\nContent-Length: 2\r\n\r\nab"),
+    )
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    err = await assert_envelope(resp, 500, "upstream_status")
+    assert err["upstream"]["content_type"] == "text/??"  # type: ignore[index]
+    assert err["upstream"]["body"] == "ab"  # type: ignore[index]
+    assert failures(sidecar, "upstream_status", "500", source="upstream") == 1
+
+
+async def test_10mb_error_body_is_cut_at_the_default_limit(
+    sidecar: Sidecar, fake: FakeVLLM
+) -> None:
+    fake.script("POST /v1/completions", respond(500, b"E" * 10_000_000, "text/plain"))
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    err = await assert_envelope(resp, 500, "upstream_status")
+    up = err["upstream"]
+    assert up["body_truncated"] is True  # type: ignore[index]
+    assert up["body"] == "E" * (1 << 20)  # type: ignore[index]
+    assert len(await resp.read()) < 2 << 20
+    assert failures(sidecar, "upstream_status", "500", source="upstream") == 1
+
+
+async def test_trickle_is_relayed_event_by_event_without_timing_out(
+    upstream: TestServer, make_sidecar: MakeSidecar, fake: FakeVLLM
+) -> None:
+    # Each event is sent only after the client has read the one before: a sidecar that buffered
+    # would deadlock here. The whole stream lasts longer than the read timeout.
+    sidecar = await make_sidecar(str(upstream.make_url("")), read_timeout=1.0)
+    received = asyncio.Event()
+    n = 8
+
+    async def lockstep(request: web.Request) -> web.StreamResponse:
+        resp = await start_sse(request)
+        for i in range(n):
+            received.clear()
+            await resp.write(sse_chunk("tiny-model", i))
+            await asyncio.wait_for(received.wait(), 5)
+            await asyncio.sleep(0.2)  # 8 x 0.2 s: the stream outlasts the 1 s read timeout
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    fake.script("POST /v1/completions", lockstep)
+    resp = await sidecar.client.post("/v1/completions", json=STREAM)
+    for i in range(n):
+        event = await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 5)
+        assert json.loads(event.removeprefix(b"data: "))["choices"][0]["text"] == f" t{i}"
+        received.set()
+    assert await resp.read() == b"data: [DONE]\n\n"
+    assert (
+        sidecar.registry.get_sample_value(
+            "vllm_sidecar_failures_total",
+            {
+                "route": "/v1/completions",
+                "source": "sidecar",
+                "reason": "upstream_timeout",
+                "status": "504",
+            },
+        )
+        is None
+    )
+    assert requests_total(sidecar, "200") == 1
+    assert in_flight(sidecar) == 0
