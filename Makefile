@@ -36,3 +36,7 @@ unit:
 
 clean:
 	rm -rf $(VENV) .venv-vllm .venv-deploy .cache .pytest_cache .mypy_cache .ruff_cache
+
+## A real vLLM on CPU serving a tiny local model, the sidecar in front, a few requests through it.
+demo: $(BIN)/vllm-sidecar
+	VENV=$(VENV) bash scripts/demo.sh

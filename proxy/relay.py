@@ -65,6 +65,10 @@ async def error_reply(
 ) -> web.Response:
     """An upstream 4xx/5xx: its status kept, its body parsed and attached to the envelope."""
     raw, truncated = await _read_capped(resp, limit)
+    if resp.status == 404 and ex.resolved is not None:
+        # vLLM no longer serves the name we resolved to (restarted under another name, adapter
+        # unloaded): re-read the list now rather than at the next scheduled discovery.
+        await discovery.refresh_on_miss()
     reply = envelope.UpstreamReply(
         status=resp.status,
         method=ex.method,
@@ -160,7 +164,6 @@ async def stream_reply(
         await stream.end_with(failure, info)
     if stream.client_gone:
         return out
-    stream.count_errors()
     await out.write_eof()
     return out
 
@@ -189,8 +192,9 @@ class _Stream:
             except UPSTREAM_ERRORS as exc:
                 return classify(exc, where=f"while streaming {self.ex.method} {self.ex.path}")
             if self.watcher is not None:
-                self.watcher.feed(chunk)
                 self.tail = chunk[-2:]
+                if self.watcher.feed(chunk):
+                    self.count_errors()
             if not await self.write(chunk):
                 return None
 
@@ -213,7 +217,9 @@ class _Stream:
             await self.out.write_eof()
 
     def count_errors(self) -> None:
-        for event in self.watcher.errors if self.watcher is not None else ():
+        """Count the error events seen since the last call, before they reach the client."""
+        assert self.watcher is not None
+        for event in self.watcher.take():
             code = event["error"].get("code") if isinstance(event["error"], dict) else None
             status = code if isinstance(code, int) and 100 <= code <= 599 else self.ex.status
             self.ex.fail(self.metrics, "upstream", "upstream_stream_error", status)

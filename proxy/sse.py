@@ -27,15 +27,22 @@ class ErrorWatcher:
         self._tail = b""
         self.errors: list[Any] = []
 
-    def feed(self, chunk: bytes) -> None:
+    def take(self) -> list[Any]:
+        """The error events found since the last call."""
+        found, self.errors = self.errors, []
+        return found
+
+    def feed(self, chunk: bytes) -> bool:
+        """Watch one chunk; True when it completed an error event."""
         data = self._tail + chunk if self._tail else chunk
         cut = data.rfind(b"\n") + 1
         self._tail = data[cut:] if len(data) - cut <= _MAX_TAIL else b""
         if _ERROR_MARK not in data[:cut]:
-            return
+            return False
         for line in data[:cut].split(b"\n"):
             if line.startswith(b"data:") and _ERROR_MARK in line:
                 self._inspect(line[5:].strip())
+        return bool(self.errors)
 
     def _inspect(self, payload: bytes) -> None:
         try:

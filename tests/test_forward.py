@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from proxy.keys import DISCOVERY
 from tests.conftest import MakeSidecar, Sidecar, raw_http
 from tests.fake_vllm import FakeVLLM, respond, sse_chunk, start_sse
 
@@ -298,6 +299,41 @@ async def test_vllm_in_stream_error_passes_and_is_counted(sidecar: Sidecar) -> N
         )
         == 1
     )
+
+
+async def test_in_stream_error_is_counted_as_it_passes(sidecar: Sidecar, fake: FakeVLLM) -> None:
+    release = asyncio.Event()
+    event = b'data: {"error": {"message": "boom", "type": "BadRequestError", "code": 400}}\n\n'
+
+    async def error_then_wait(request: web.Request) -> web.StreamResponse:
+        resp = await start_sse(request)
+        await resp.write(event)
+        await release.wait()
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    fake.script("POST /v1/completions", error_then_wait)
+    resp = await sidecar.client.post(
+        "/v1/completions", json={"model": "tiny-model", "prompt": "x", "stream": True}
+    )
+    assert await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 5) == event
+    labels = {"route": "/v1/completions", "source": "upstream", "status": "400"}
+    assert (
+        sidecar.metric("vllm_sidecar_failures_total", reason="upstream_stream_error", **labels) == 1
+    )
+    release.set()
+    assert await resp.read() == b"data: [DONE]\n\n"
+
+
+async def test_404_for_a_resolved_name_rereads_the_model_list(
+    sidecar: Sidecar, fake: FakeVLLM
+) -> None:
+    fake.served = [("renamed", "/models/renamed")]  # vLLM restarted under another name
+    resp = await sidecar.client.post("/v1/completions", json={"model": "org/tiny-model"})
+    assert resp.status == 404
+    assert sidecar.app[DISCOVERY].table.names == ("renamed",)
+    resp = await sidecar.client.post("/v1/completions", json={"model": "org/renamed"})
+    assert resp.status == 200
 
 
 async def test_query_string_and_path_byte_for_byte(sidecar: Sidecar, fake: FakeVLLM) -> None:

@@ -1,0 +1,91 @@
+"""`make demo` (scripts/demo.sh) shows what it promises and stops everything it started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ._processes import ROOT, free_port, processes_with_args
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+@pytest.fixture
+def ports() -> dict[str, str]:
+    return {name: str(free_port()) for name in ("VLLM_PORT", "PORT", "ADMIN_PORT")}
+
+
+def demo(ports: dict[str, str]) -> subprocess.Popen[str]:
+    env = {**os.environ, **ports, "VENV": str(Path(sys.executable).parent.parent)}
+    return subprocess.Popen(
+        ["bash", "scripts/demo.sh"],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def leftovers(ports: dict[str, str]) -> list[int]:
+    return processes_with_args("--port", ports["VLLM_PORT"]) + processes_with_args(
+        "--port", ports["PORT"]
+    )
+
+
+def test_demo_shows_the_answers_and_the_metrics(ports: dict[str, str]) -> None:
+    proc = demo(ports)
+    try:
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=60)
+    assert proc.returncode == 0, out[-4000:]
+    direct, through, unknown, metrics = out.split("== ")[-4:]
+    assert "HTTP/1.1 404 Not Found" in direct
+    assert "HTTP/1.1 200 OK" in through
+    assert '"model": "tiny-llama"' in through
+    assert "HTTP/1.1 404 Not Found" in unknown
+    assert "X-Sidecar-Error: upstream_status" in unknown
+    assert '"suggestions": [\n                "tiny-llama"' in unknown
+    assert '"upstream": {\n            "status": 404' in unknown
+    for line in (
+        'vllm_sidecar_requests_total{method="POST",route="/v1/completions",status="200"} 1.0',
+        'vllm_sidecar_requests_total{method="POST",route="/v1/completions",status="404"} 1.0',
+        'vllm_sidecar_failures_total{reason="upstream_status",route="/v1/completions",'
+        'source="upstream",status="404"} 1.0',
+    ):
+        assert line in metrics.splitlines()
+    assert "stopped everything the demo started" in out
+    assert leftovers(ports) == []
+
+
+def test_interrupted_demo_stops_what_it_started(ports: dict[str, str]) -> None:
+    proc = demo(ports)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "Starting vLLM" in line:
+                break
+        deadline = time.monotonic() + 60
+        while not processes_with_args("--port", ports["VLLM_PORT"]):
+            assert time.monotonic() < deadline, "vLLM never started"
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGINT)  # the script alone, as `timeout -s INT` would
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130
+    assert "stopped everything the demo started" in out
+    assert leftovers(ports) == []
