@@ -103,7 +103,7 @@ def _scan(body: bytes) -> list[tuple[int, int]] | None:
             found.append((start, end))
             # Stop early when no other `"model"` can follow: the rest may be megabytes of ids.
             # (A second key spelt with escapes, `"mod\\u0065l"`, is not looked for past here.)
-            if body.find(_MODEL_KEY, end) < 0:
+            if not _has_model_key(body, end):
                 return found
         pos = _skip_ws(body, end)
         sep = body[pos : pos + 1]
@@ -112,6 +112,23 @@ def _scan(body: bytes) -> list[tuple[int, int]] | None:
         if sep != b",":
             raise _Malformed
         pos = _skip_ws(body, pos + 1)
+
+
+def _has_model_key(body: bytes, pos: int) -> bool:
+    """Whether `"model"` occurs at or after `pos`: quote to quote with memchr.
+
+    `bytes.find` of the 7-byte key walks an 8 MB token-id list almost byte by byte (`,` and `l`
+    share a slot of its skip filter): 8 ms. The quotes in such a list are few: 0.4 ms.
+    """
+    find, hops = body.find, 0
+    while (pos := find(b'"', pos)) >= 0:
+        if body.startswith(_MODEL_KEY, pos):
+            return True
+        pos += 1
+        hops += 1
+        if hops > 4096:  # a body of many short strings: the plain search is the better bet
+            return find(_MODEL_KEY, pos) >= 0
+    return False
 
 
 def _syntax_error(body: bytes) -> InvalidJSON:
@@ -153,4 +170,5 @@ def find_model(body: bytes) -> ModelField | None:
 
 def replace_model(body: bytes, field: ModelField, name: str) -> bytes:
     """The body with only the `model` value's bytes replaced."""
-    return body[: field.start] + orjson.dumps(name) + body[field.end :]
+    # One copy of the body instead of three (slice, then two concatenations).
+    return b"".join((body[: field.start], orjson.dumps(name), memoryview(body)[field.end :]))
