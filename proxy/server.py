@@ -9,6 +9,7 @@ import signal
 
 from aiohttp import web
 
+from . import logs
 from .admin import create_admin_app
 from .app import create_app
 from .keys import DISCOVERY, IN_FLIGHT
@@ -48,7 +49,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> Non
             settings.admin_port,
             settings.upstream_url,
         )
-        await stop.wait()
+        await _flushing_logs_until(stop)
         log.info("stopping: draining in-flight requests for up to %gs", settings.shutdown_grace)
         await site.stop()  # refuse new connections; readiness reports draining
         proxy[DISCOVERY].draining = True
@@ -57,6 +58,15 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> Non
         await runner.cleanup()  # idle connections, then the upstream session
         await admin.cleanup()
     log.info("stopped")
+    logs.flush()
+
+
+async def _flushing_logs_until(stop: asyncio.Event, interval: float = 0.5) -> None:
+    """Wait for `stop`, writing buffered log lines out every `interval` seconds meanwhile."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
+        logs.flush()
 
 
 def run(settings: Settings) -> None:

@@ -1,0 +1,57 @@
+"""Log output: the buffered handler and the JSON format."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+from proxy.logs import BufferedStreamHandler, JSONFormatter
+
+
+class CountingStream(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.flushes = 0
+
+    def flush(self) -> None:
+        self.flushes += 1
+        super().flush()
+
+
+def record(level: int, msg: str, **fields: object) -> logging.LogRecord:
+    rec = logging.LogRecord("proxy.access", level, __file__, 1, msg, None, None)
+    rec.fields = fields
+    return rec
+
+
+def test_info_lines_wait_for_a_flush_warnings_do_not() -> None:
+    stream = CountingStream()
+    handler = BufferedStreamHandler(stream)
+    handler.handle(record(logging.INFO, "one"))
+    handler.handle(record(logging.INFO, "two"))
+    assert stream.flushes == 0
+    handler.handle(record(logging.WARNING, "three"))
+    assert stream.flushes == 1
+    handler.flush_now()
+    handler.close()
+    assert stream.getvalue().splitlines() == ["one", "two", "three"]
+    assert stream.flushes == 3
+
+
+def test_json_lines_carry_the_request_fields() -> None:
+    formatter = JSONFormatter()
+    line = formatter.format(
+        record(
+            logging.INFO,
+            "POST /v1/completions 200",
+            status=200,
+            request_id="r1",
+            model_requested="a/b",
+        )
+    )
+    out = json.loads(line)
+    assert out["message"] == "POST /v1/completions 200"
+    assert (out["status"], out["request_id"], out["model_requested"]) == (200, "r1", "a/b")
+    assert out["level"] == "info"
+    assert out["ts"].endswith("Z")
