@@ -28,6 +28,7 @@ class Exchange:
     rule: str = ABSENT
     reason: str | None = None
     upstream_time: float = 0.0
+    duration: float = 0.0
 
     def __post_init__(self) -> None:
         self.route = route_label(self.path)
@@ -44,7 +45,7 @@ class Exchange:
         self.fail(metrics, failure.source, failure.reason, failure.status)
 
     def finish(self, metrics: Metrics) -> None:
-        duration = self.elapsed()
+        self.duration = duration = self.elapsed()
         metrics.requests.labels(self.route, method_label(self.method), str(self.status)).inc()
         metrics.duration.labels(self.route).observe(duration)
         metrics.overhead.labels(self.route).observe(max(duration - self.upstream_time, 0.0))
@@ -60,17 +61,19 @@ class Exchange:
                 self.rule,
                 self.request_id,
                 f" reason={self.reason}" if self.reason else "",
-                extra={
-                    "fields": {
-                        "method": self.method,
-                        "path": self.path,
-                        "status": self.status,
-                        "duration_ms": round(duration * 1000, 3),
-                        "model_requested": self.requested,
-                        "model_resolved": self.resolved,
-                        "rule": self.rule,
-                        "request_id": self.request_id,
-                        "reason": self.reason,
-                    }
-                },
+                # Built only by the JSON formatter, and only when it runs.
+                extra={"fields": self.log_fields},
             )
+
+    def log_fields(self) -> dict[str, object]:
+        return {
+            "method": self.method,
+            "path": self.path,
+            "status": self.status,
+            "duration_ms": round(self.duration * 1000, 3),
+            "model_requested": self.requested,
+            "model_resolved": self.resolved,
+            "rule": self.rule,
+            "request_id": self.request_id,
+            "reason": self.reason,
+        }

@@ -20,6 +20,8 @@ class JSONFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         fields = getattr(record, "fields", None)
+        if callable(fields):
+            fields = fields()
         if isinstance(fields, dict):
             out.update(fields)
         if record.exc_info:
@@ -83,6 +85,9 @@ def setup(level: str, fmt: str, *, access_log: bool = True) -> None:
             old.close()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # Each record would otherwise look up its thread and process names: the sidecar is one
+    # event-loop thread in one process, and the access line is written once per request.
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     # The per-request line costs tens of microseconds; at tens of thousands of requests a
     # second the metrics may be all an operator wants.
     logging.getLogger("proxy.access").setLevel(logging.NOTSET if access_log else logging.WARNING)
