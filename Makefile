@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PORT ?= 8080
 UPSTREAM ?= http://127.0.0.1:8000
 
-.PHONY: run demo test test-env lint unit clean
+.PHONY: run demo test test-env lint unit bench clean
 
 ## Install the sidecar and run it in front of UPSTREAM (default http://127.0.0.1:8000).
 run: $(BIN)/vllm-sidecar
@@ -33,6 +33,10 @@ test: test-env lint
 ## Fast loop for development: no real vLLM.
 unit:
 	$(BIN)/pytest -m "not vllm"
+
+## Benchmarks against the peers (about 8 minutes; peers install on first use).
+bench: $(BIN)/vllm-sidecar
+	python3 bench/run.py
 
 clean:
 	rm -rf $(VENV) .venv-vllm .venv-deploy .cache .pytest_cache .mypy_cache .ruff_cache
