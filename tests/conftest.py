@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -17,6 +20,7 @@ from proxy.app import create_app
 from proxy.keys import DISCOVERY
 from proxy.settings import Settings
 from tests.fake_vllm import FakeVLLM
+from tests.support import free_port
 
 
 @dataclass
@@ -85,3 +89,40 @@ def make_sidecar(aiohttp_client: Any) -> MakeSidecar:
 @pytest.fixture
 async def sidecar(upstream: TestServer, make_sidecar: MakeSidecar) -> Sidecar:
     return await make_sidecar(str(upstream.make_url("")))
+
+
+StartSidecar = Callable[..., Any]
+
+
+def _spawn(*args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "proxy", *args])
+
+
+@pytest.fixture
+async def start_sidecar() -> AsyncIterator[StartSidecar]:
+    """The real `python -m proxy` process (the production runner), ready, on free ports."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    async def start(upstream: str, *args: str) -> tuple[subprocess.Popen[bytes], str]:
+        port, admin = free_port(), free_port()
+        proc = _spawn(
+            "--upstream-url", upstream, "--host", "127.0.0.1", "--port", str(port),
+            "--admin-port", str(admin), "--health-interval", "0.1", *args,
+        )  # fmt: skip
+        procs.append(proc)
+        async with aiohttp.ClientSession() as session:
+            for _ in range(300):
+                try:
+                    async with session.get(f"http://127.0.0.1:{admin}/readyz") as resp:
+                        if resp.status == 200:
+                            return proc, f"http://127.0.0.1:{port}"
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.05)
+        raise AssertionError("sidecar did not become ready")
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)

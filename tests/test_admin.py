@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.keys import DISCOVERY
 from tests.conftest import MakeSidecar, Sidecar
 from tests.fake_vllm import FakeVLLM, respond
-from tests.test_failures import free_port
-
-
-async def wait_for(predicate: object, within: float = 5.0) -> None:
-    for _ in range(int(within / 0.02)):
-        if predicate():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not reached")
+from tests.support import eventually, free_port
 
 
 async def test_ready_when_healthy_and_names_known(sidecar: Sidecar) -> None:
@@ -43,12 +33,12 @@ async def test_livez_never_depends_on_the_upstream(make_sidecar: MakeSidecar) ->
 
 async def test_readiness_follows_the_upstream(sidecar: Sidecar, fake: FakeVLLM) -> None:
     fake.healthy = False
-    await wait_for(lambda: sidecar.metric("vllm_sidecar_upstream_up") == 0)
+    await eventually(lambda: sidecar.metric("vllm_sidecar_upstream_up") == 0)
     resp = await sidecar.admin.get("/readyz")
     assert resp.status == 503
     assert "503" in (await resp.json())["reason"]
     fake.healthy = True
-    await wait_for(lambda: sidecar.metric("vllm_sidecar_upstream_up") == 1)
+    await eventually(lambda: sidecar.metric("vllm_sidecar_upstream_up") == 1)
     assert (await sidecar.admin.get("/readyz")).status == 200
 
 
@@ -71,12 +61,12 @@ async def test_discovery_failure_keeps_the_last_table_and_counts(
 ) -> None:
     sidecar = await make_sidecar(str(upstream.make_url("")), discovery_interval=0.05)
     fake.script("GET /v1/models", respond(500, b"oops"), times=3)
-    await wait_for(lambda: sidecar.metric("vllm_sidecar_discoveries_total", outcome="error") >= 1)
+    await eventually(lambda: sidecar.metric("vllm_sidecar_discoveries_total", outcome="error") >= 1)
     assert (await sidecar.admin.get("/readyz")).status == 200
     resp = await sidecar.client.post("/v1/completions", json={"model": "x/tiny-model"})
     assert resp.status == 200
     fake.served = [("renamed", "/m/renamed")]  # vLLM restarted under another name
-    await wait_for(lambda: sidecar.app[DISCOVERY].table.names == ("renamed",))
+    await eventually(lambda: sidecar.app[DISCOVERY].table.names == ("renamed",))
     body = await (await sidecar.admin.get("/models")).json()
     assert [m["id"] for m in body["served"]] == ["renamed"]
     resp = await sidecar.client.post("/v1/completions", json={"model": "x/renamed"})

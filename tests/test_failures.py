@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 from aiohttp.test_utils import TestServer
 
 from tests.conftest import MakeSidecar, Sidecar
 from tests.fake_vllm import FakeVLLM, hang, raw, respond, sse_then_drop
+from tests.support import free_port
 
 COMPLETION = {"model": "org/tiny-model", "prompt": [[1, 2]]}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def failures(

@@ -5,69 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from tests.conftest import StartSidecar
 from tests.fake_vllm import FakeVLLM, hang, sse_forever
-from tests.test_failures import free_port
-
-StartSidecar = Callable[..., Any]
-
-
-def _spawn(*args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "proxy", *args])
-
-
-@pytest.fixture
-async def start_sidecar() -> AsyncIterator[StartSidecar]:
-    procs: list[subprocess.Popen[bytes]] = []
-
-    async def start(upstream: str, *args: str) -> tuple[subprocess.Popen[bytes], str]:
-        port, admin = free_port(), free_port()
-        proc = _spawn(
-            "--upstream-url",
-            upstream,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--admin-port",
-            str(admin),
-            "--health-interval",
-            "0.1",
-            *args,
-        )
-        procs.append(proc)
-        async with aiohttp.ClientSession() as session:
-            for _ in range(300):
-                try:
-                    async with session.get(f"http://127.0.0.1:{admin}/readyz") as resp:
-                        if resp.status == 200:
-                            return proc, f"http://127.0.0.1:{port}"
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.05)
-        raise AssertionError("sidecar did not become ready")
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-
-
-async def wait_until(predicate: Callable[[], bool], within: float = 10.0) -> None:
-    for _ in range(int(within / 0.02)):
-        if predicate():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not reached")
+from tests.support import eventually
 
 
 async def test_client_hang_up_cancels_upstream_in_production(
@@ -79,9 +24,9 @@ async def test_client_hang_up_cancels_upstream_in_production(
         request = asyncio.create_task(
             session.post(f"{url}/v1/completions", json={"model": "tiny-model", "prompt": "x"})
         )
-        await wait_until(lambda: any(r.raw_path == "/v1/completions" for r in fake.requests))
+        await eventually(lambda: any(r.raw_path == "/v1/completions" for r in fake.requests))
         request.cancel()
-    await wait_until(lambda: fake.cancelled == ["/v1/completions"])
+    await eventually(lambda: fake.cancelled == ["/v1/completions"])
 
 
 async def read_events(resp: aiohttp.ClientResponse) -> list[str]:

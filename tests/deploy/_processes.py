@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,19 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import free_port
+
 from ._support import KUBERNETES, REPO, kustomize_build
 
 # What the fake vLLM serves, and what it says the model was loaded from (its `root`), as with
 # `vllm serve Qwen/Qwen2.5-0.5B-Instruct --served-model-name Qwen2.5-0.5B-Instruct`.
 SERVED = "Qwen2.5-0.5B-Instruct"
 ROOT = "Qwen/Qwen2.5-0.5B-Instruct"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:

@@ -14,7 +14,6 @@ import contextlib
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -29,12 +28,6 @@ _PR_SET_PDEATHSIG = 1
 # Resolved once here: the child between fork and exec should do as little as possible.
 _prctl = ctypes.CDLL(None, use_errno=True).prctl
 _alive: set[ManagedProcess] = set()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_status(url: str, timeout: float = 2.0) -> int | None:

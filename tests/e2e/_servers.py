@@ -7,7 +7,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._processes import ROOT, ManagedProcess, free_port
+from tests.support import free_port
+
+from ._processes import ROOT, ManagedProcess
 
 VLLM_VENV = Path(os.environ.get("VLLM_VENV", ROOT / ".venv-vllm"))
 

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ._processes import ROOT, free_port, processes_with_args
+from tests.support import free_port
+
+from ._processes import ROOT, processes_with_args
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.test_lifecycle import start_sidecar
-
-__all__ = ["fd_count", "rss_bytes", "start_sidecar"]
+__all__ = ["fd_count", "rss_bytes"]
 
 
 def fd_count(pid: int) -> int:

@@ -9,10 +9,10 @@ import aiohttp
 from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Sidecar
+from tests.conftest import Sidecar, StartSidecar
 from tests.fake_vllm import FakeVLLM, Firehose, sse_forever
 from tests.reliability.conftest import rss_bytes
-from tests.test_lifecycle import StartSidecar, wait_until
+from tests.support import eventually
 
 STREAM = {"model": "org/tiny-model", "prompt": "x", "stream": True}
 MiB = 1 << 20
@@ -41,7 +41,7 @@ def admin_of(proc: subprocess.Popen[bytes]) -> str:
 
 
 async def wait_metric(sidecar: Sidecar, name: str, value: float, **labels: str) -> None:
-    await wait_until(lambda: sidecar.metric(name, **labels) == value)
+    await eventually(lambda: sidecar.metric(name, **labels) == value)
 
 
 async def test_hang_up_before_the_whole_body(sidecar: Sidecar, fake: FakeVLLM) -> None:
@@ -70,7 +70,7 @@ async def test_hang_up_mid_stream_cancels_the_upstream(sidecar: Sidecar, fake: F
     resp = await sidecar.client.post("/v1/completions", json=STREAM)
     await resp.content.readuntil(b"\n\n")
     resp.close()
-    await wait_until(lambda: fake.cancelled == ["/v1/completions"])
+    await eventually(lambda: fake.cancelled == ["/v1/completions"])
     await wait_metric(sidecar, "vllm_sidecar_client_disconnects_total", 1, route="/v1/completions")
     await wait_metric(sidecar, "vllm_sidecar_in_flight_requests", 0, route="/v1/completions")
 
@@ -93,7 +93,7 @@ async def test_production_hang_up_before_the_body_and_mid_stream(
         resp = await session.post(f"{url}/v1/completions", json=STREAM)
         await resp.content.readuntil(b"\n\n")
         resp.close()
-    await wait_until(lambda: fake.cancelled == ["/v1/completions"])
+    await eventually(lambda: fake.cancelled == ["/v1/completions"])
     assert sum(1 for r in fake.requests if r.raw_path == "/v1/completions") == 1
     route = {"route": "/v1/completions"}
     for _ in range(100):

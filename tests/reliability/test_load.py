@@ -18,11 +18,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.conftest import StartSidecar
 from tests.fake_vllm import FakeVLLM, Gate
 from tests.reliability.conftest import fd_count, rss_bytes
 from tests.reliability.test_client_faults import admin_of, sample, scrape
-from tests.test_failures import free_port
-from tests.test_lifecycle import StartSidecar, wait_until
+from tests.support import eventually, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +70,7 @@ async def one_round(url: str, n: int, gate: Gate, admin: str) -> dict[str, float
                 return await read_stream(resp)
 
         tasks = [asyncio.create_task(stream()) for _ in range(n)]
-        await wait_until(lambda: gate.arrived == n or any(t.done() for t in tasks), within=60)
+        await eventually(lambda: gate.arrived == n or any(t.done() for t in tasks), within=60)
         failed = [t for t in tasks if t.done()]
         assert not failed, (len(failed), failed[0].exception(), gate.arrived)
         metrics = await scrape(admin)
@@ -87,7 +87,7 @@ async def one_round(url: str, n: int, gate: Gate, admin: str) -> dict[str, float
 async def settle(pid: int, fds: int, within: float = 20) -> int:
     """Wait for the descriptor count to come down to `fds`; the count reached."""
     try:
-        await wait_until(lambda: fd_count(pid) <= fds + FD_TOLERANCE, within=within)
+        await eventually(lambda: fd_count(pid) <= fds + FD_TOLERANCE, within=within)
     except AssertionError:
         raise AssertionError(f"{fd_count(pid)} descriptors, not {fds}: {sockets(pid)}") from None
     return fd_count(pid)
@@ -125,7 +125,7 @@ async def test_1000_concurrent_streams_and_back_to_baseline(
 
     async def peak() -> None:
         nonlocal fd_peak
-        await wait_until(lambda: gate.arrived == STREAMS, within=60)
+        await eventually(lambda: gate.arrived == STREAMS, within=60)
         fd_peak = fd_count(proc.pid)
 
     watcher = asyncio.create_task(peak())
@@ -167,7 +167,7 @@ async def test_sigterm_with_many_streams_in_flight(
                 return await read_stream(resp)
 
         tasks = [asyncio.create_task(stream()) for _ in range(n)]
-        await wait_until(lambda: gate.arrived == n, within=60)
+        await eventually(lambda: gate.arrived == n, within=60)
         proc.send_signal(signal.SIGTERM)
         await asyncio.sleep(0.3)
         with pytest.raises(aiohttp.ClientConnectorError):
@@ -239,7 +239,7 @@ async def test_upstream_restart_during_load(
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         in_flight = [asyncio.create_task(stream(session)) for _ in range(n)]
-        await wait_until(lambda: started == n, within=30)
+        await eventually(lambda: started == n, within=30)
         kill(fake)  # a crash: the kernel closes every upstream connection
         cut = await asyncio.gather(*in_flight)
         down = await asyncio.gather(*(stream(session) for _ in range(50)))
