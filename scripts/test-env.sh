@@ -5,14 +5,19 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3.11}
 VENV=${VENV:-.venv}
 
-# System tools: promtool (prometheus), nginx and wrk for the bench smoke.
+# System tools, in one apt transaction: promtool and a Prometheus server (tests/deploy), nginx with
+# its Lua module and wrk (the bench smoke). The parts under test-env.d check again for themselves.
 need=()
-command -v promtool >/dev/null || need+=(prometheus)
+{ command -v promtool && command -v prometheus; } >/dev/null || need+=(prometheus)
 command -v nginx >/dev/null || need+=(nginx)
+[ -e /usr/lib/nginx/modules/ngx_http_lua_module.so ] || need+=(libnginx-mod-http-lua)
 command -v wrk >/dev/null || need+=(wrk)
+command -v taskset >/dev/null || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+      --no-install-recommends "${need[@]}" >/dev/null
   else
     echo "missing system packages: ${need[*]} (run as root or install them)" >&2
   fi
