@@ -80,7 +80,7 @@ def _skip_value(body: bytes, pos: int) -> int:
     return m.end()
 
 
-def _scan(body: bytes) -> list[tuple[int, int]] | None:
+def _scan(body: bytes, *, first_only: bool = False) -> list[tuple[int, int]] | None:
     """Spans of every top-level `model` value; None when the body is not a JSON object."""
     pos = _skip_ws(body, 0)
     if pos >= len(body) or body[pos] != 0x7B:  # '{'
@@ -101,6 +101,8 @@ def _scan(body: bytes) -> list[tuple[int, int]] | None:
         raw_key = body[key.start() : key.end()]
         if raw_key == _MODEL_KEY or (b"\\" in raw_key and orjson.loads(raw_key) == "model"):
             found.append((start, end))
+            if first_only:
+                return found
             # Stop early when no other `"model"` can follow: the rest may be megabytes of ids.
             # (A second key spelt with escapes, `"mod\\u0065l"`, is not looked for past here.)
             if not _has_model_key(body, end):
@@ -139,6 +141,30 @@ def _syntax_error(body: bytes) -> InvalidJSON:
     return InvalidJSON("The request body is not valid JSON")
 
 
+def _field(body: bytes, start: int, end: int) -> ModelField:
+    if body[start] != 0x22:
+        return ModelField(None, start, end)
+    try:
+        value = orjson.loads(body[start:end])
+    except orjson.JSONDecodeError as exc:
+        message = f"The `model` value is not a valid JSON string: {exc}"
+        raise InvalidJSON(message, param="model") from None
+    return ModelField(value, start, end)
+
+
+def find_model_in_head(head: bytes) -> ModelField | None:
+    """The top-level `model` when its whole value lies in `head`, a body's first bytes.
+
+    None when the head cannot tell (no model key yet, or a value cut at the end): the caller
+    then reads the whole body and asks `find_model`.
+    """
+    try:
+        spans = _scan(head, first_only=True)
+    except _Malformed:
+        return None
+    return _field(head, *spans[0]) if spans else None
+
+
 def find_model(body: bytes) -> ModelField | None:
     """The top-level `model` of a JSON object body; None when there is no such key.
 
@@ -156,16 +182,7 @@ def find_model(body: bytes) -> ModelField | None:
             f"The request body has {len(spans)} top-level `model` keys; send exactly one.",
             param="model",
         )
-    start, end = spans[0]
-    if body[start] != 0x22:
-        return ModelField(None, start, end)
-    try:
-        value = orjson.loads(body[start:end])
-    except orjson.JSONDecodeError as exc:
-        raise InvalidJSON(
-            f"The `model` value is not a valid JSON string: {exc}", param="model"
-        ) from None
-    return ModelField(value, start, end)
+    return _field(body, *spans[0])
 
 
 def replace_model(body: bytes, field: ModelField, name: str) -> bytes:

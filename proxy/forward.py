@@ -10,7 +10,7 @@ from aiohttp import web
 from . import headers as hdrs
 from .errors import ShuttingDown, SidecarFailure
 from .exchange import CLIENT_CLOSED, Exchange
-from .inbound import read_body, resolve_model
+from .inbound import StreamedBody, read_request
 from .keys import DISCOVERY, IN_FLIGHT, METRICS, SESSION, SETTINGS, UPSTREAM
 from .relay import (
     BUFFER_LIMIT,
@@ -52,8 +52,8 @@ async def _handle(request: web.Request, ex: Exchange) -> web.StreamResponse:
     app = request.app
     metrics, discovery = app[METRICS], app[DISCOVERY]
     try:
-        body = await read_body(request, app[SETTINGS].max_body_bytes)
-        body = await resolve_model(request, body, ex, discovery, metrics)
+        limit = app[SETTINGS].max_body_bytes
+        body = await read_request(request, ex, discovery, metrics, limit)
         return await _exchange(request, ex, body)
     except SidecarFailure as failure:
         return failure_response(ex, failure, metrics, discovery)
@@ -66,7 +66,9 @@ def _origin_form(request: web.Request) -> str:
     return raw if raw.startswith("/") else request.rel_url.raw_path_qs
 
 
-async def _exchange(request: web.Request, ex: Exchange, body: bytes) -> web.StreamResponse:
+async def _exchange(
+    request: web.Request, ex: Exchange, body: bytes | StreamedBody
+) -> web.StreamResponse:
     app = request.app
     metrics, discovery, settings = app[METRICS], app[DISCOVERY], app[SETTINGS]
     peer = request.transport.get_extra_info("peername") if request.transport else None
@@ -77,12 +79,18 @@ async def _exchange(request: web.Request, ex: Exchange, body: bytes) -> web.Stre
         scheme=request.scheme,
         host=request.host,
     )
+    data: object = body
+    if isinstance(body, StreamedBody):
+        out_headers["Content-Length"] = str(body.length)  # no chunked encoding for vLLM
+        data = body.chunks()
+    elif not body and request.method not in ("POST", "PUT", "PATCH"):
+        data = None
     sent = time.perf_counter()
     try:
         async with app[SESSION].request(
             request.method,
             target(app[UPSTREAM], _origin_form(request)),
-            data=body if body or request.method in ("POST", "PUT", "PATCH") else None,
+            data=data,
             headers=out_headers,
             allow_redirects=False,
         ) as resp:

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
-from aiohttp import web
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
-from .body import find_model, replace_model
+from aiohttp import StreamReader, web
+
+from .body import ModelField, find_model, find_model_in_head, replace_model
 from .discovery import Discovery
 from .envelope import ModelInfo
-from .errors import BodyTooLarge, ModelAmbiguous
+from .errors import BodyTooLarge, InvalidRequest, ModelAmbiguous
 from .exchange import Exchange
 from .metrics import Metrics
 from .resolution import ABSENT, AMBIGUOUS, UNRESOLVED, Resolution
 
 _BODY_METHODS = frozenset(("POST", "PUT", "PATCH"))
+STREAM_FROM = 1 << 20  # bodies larger than this are streamed through once their head is read
+HEAD_BYTES = 64 << 10
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
@@ -30,21 +36,66 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         ) from None
 
 
-def _wants_model(request: web.Request, body: bytes) -> bool:
+def _wants_model(request: web.Request) -> bool:
     return (
-        bool(body)
-        and request.method in _BODY_METHODS
+        request.method in _BODY_METHODS
         and request.content_type.endswith("json")
         # A compressed body is relayed as sent; its model cannot be read without inflating it.
         and request.headers.get("Content-Encoding", "identity").lower() == "identity"
     )
 
 
-async def resolve_model(
-    request: web.Request, body: bytes, ex: Exchange, discovery: Discovery, metrics: Metrics
+@dataclass(frozen=True, slots=True)
+class StreamedBody:
+    """A large body on its way: its (rewritten) head now, the rest as the client sends it."""
+
+    head: bytes
+    rest: StreamReader | None
+    length: int
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        yield self.head
+        if self.rest is not None:
+            async for chunk in self.rest.iter_any():
+                yield chunk
+
+
+def _outgoing(body: bytes) -> bytes | StreamedBody:
+    # aiohttp warns that one write of a megabytes-long bytes body may stall the loop, and
+    # would have it copied through a thread; handing it over as a stream does neither.
+    return StreamedBody(body, None, len(body)) if len(body) > STREAM_FROM else body
+
+
+async def read_request(
+    request: web.Request, ex: Exchange, discovery: Discovery, metrics: Metrics, limit: int
+) -> bytes | StreamedBody:
+    """The body to forward, with only its `model` value replaced by the served name.
+
+    A large JSON body whose model sits in its first bytes (SkyRL and the openai SDK put it
+    first) is not stored: its head is rewritten and the rest streams through as it arrives,
+    so megabytes of token ids cost no extra round of waiting. (A second `model` key further
+    on is then vLLM's to judge.)
+    """
+    length = request.content_length
+    if length is None or length <= STREAM_FROM or not _wants_model(request) or length > limit:
+        body = await read_body(request, limit)
+        field = find_model(body) if body and _wants_model(request) else None
+        return _outgoing(await _resolved(body, field, ex, discovery, metrics))
+    try:
+        head = await request.content.readexactly(HEAD_BYTES)
+    except asyncio.IncompleteReadError:
+        raise InvalidRequest("The request body ended before its Content-Length.") from None
+    field = find_model_in_head(head)
+    if field is None:  # the model is further on: the whole body it is
+        body = head + await request.content.read()
+        return _outgoing(await _resolved(body, find_model(body), ex, discovery, metrics))
+    new_head = await _resolved(head, field, ex, discovery, metrics)
+    return StreamedBody(new_head, request.content, length - len(head) + len(new_head))
+
+
+async def _resolved(
+    body: bytes, field: ModelField | None, ex: Exchange, discovery: Discovery, metrics: Metrics
 ) -> bytes:
-    """The body to forward, with only its `model` value replaced by the served name."""
-    field = find_model(body) if _wants_model(request, body) else None
     if field is None or field.value is None:
         metrics.resolutions.labels(ABSENT, "").inc()
         return body
