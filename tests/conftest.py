@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -20,7 +19,7 @@ from proxy.app import create_app
 from proxy.keys import DISCOVERY
 from proxy.settings import Settings
 from tests.fake_vllm import FakeVLLM
-from tests.support import free_port
+from tests.support import free_port, wait_http_ok
 
 
 @dataclass
@@ -110,16 +109,8 @@ async def start_sidecar() -> AsyncIterator[StartSidecar]:
             "--admin-port", str(admin), "--health-interval", "0.1", *args,
         )  # fmt: skip
         procs.append(proc)
-        async with aiohttp.ClientSession() as session:
-            for _ in range(300):
-                try:
-                    async with session.get(f"http://127.0.0.1:{admin}/readyz") as resp:
-                        if resp.status == 200:
-                            return proc, f"http://127.0.0.1:{port}"
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.05)
-        raise AssertionError("sidecar did not become ready")
+        await wait_http_ok(f"http://127.0.0.1:{admin}/readyz")
+        return proc, f"http://127.0.0.1:{port}"
 
     yield start
     for proc in procs:

@@ -22,7 +22,7 @@ from tests.conftest import StartSidecar
 from tests.fake_vllm import FakeVLLM, Gate
 from tests.reliability.conftest import fd_count, rss_bytes
 from tests.reliability.test_client_faults import admin_of, sample, scrape
-from tests.support import eventually, free_port
+from tests.support import eventually, free_port, wait_http_ok
 
 pytestmark = pytest.mark.slow
 
@@ -192,16 +192,8 @@ async def start_fake() -> AsyncIterator[StartFake]:
         argv = [sys.executable, "-m", "tests.fake_vllm", "--port", str(port), *args]
         proc = await asyncio.to_thread(subprocess.Popen, argv)
         procs.append(proc)
-        async with aiohttp.ClientSession() as session:
-            for _ in range(200):
-                try:
-                    async with session.get(f"http://127.0.0.1:{port}/health") as resp:
-                        if resp.status == 200:
-                            return proc
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.05)
-        raise AssertionError("fake vLLM did not start")
+        await wait_http_ok(f"http://127.0.0.1:{port}/health", within=10)
+        return proc
 
     yield start
     for proc in procs:
