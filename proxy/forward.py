@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 
+import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 
 from . import headers as hdrs
 from .errors import ShuttingDown, SidecarFailure
@@ -70,47 +72,55 @@ async def _exchange(
     request: web.Request, ex: Exchange, body: bytes | StreamedBody
 ) -> web.StreamResponse:
     app = request.app
-    metrics, discovery, settings = app[METRICS], app[DISCOVERY], app[SETTINGS]
+    headers = _upstream_headers(request, ex)
+    sent = time.perf_counter()
+    try:
+        async with app[SESSION].request(
+            request.method,
+            target(app[UPSTREAM], _origin_form(request)),
+            data=_payload(request, body, headers),
+            headers=headers,
+            allow_redirects=False,
+        ) as resp:
+            app[METRICS].ttfb.labels(ex.route).observe(time.perf_counter() - sent)
+            try:
+                return await _reply(request, ex, resp)
+            finally:
+                ex.upstream_time = time.perf_counter() - sent
+    except UPSTREAM_ERRORS as exc:
+        raise classify(exc, where=f"for {ex.method} {ex.path}") from exc
+
+
+def _upstream_headers(request: web.Request, ex: Exchange) -> CIMultiDict[str]:
     peer = request.transport.get_extra_info("peername") if request.transport else None
-    out_headers = hdrs.upstream_request_headers(
+    return hdrs.upstream_request_headers(
         request.headers,
         rid=ex.request_id,
         client_ip=peer[0] if isinstance(peer, tuple) else None,
         scheme=request.scheme,
         host=request.host,
     )
-    data: object = body
+
+
+def _payload(request: web.Request, body: bytes | StreamedBody, headers: CIMultiDict[str]) -> object:
     if isinstance(body, StreamedBody):
-        out_headers["Content-Length"] = str(body.length)  # no chunked encoding for vLLM
-        data = body.chunks()
-    elif not body and request.method not in ("POST", "PUT", "PATCH"):
-        data = None
-    sent = time.perf_counter()
-    try:
-        async with app[SESSION].request(
-            request.method,
-            target(app[UPSTREAM], _origin_form(request)),
-            data=data,
-            headers=out_headers,
-            allow_redirects=False,
-        ) as resp:
-            metrics.ttfb.labels(ex.route).observe(time.perf_counter() - sent)
-            try:
-                if resp.status >= 400:
-                    return await error_reply(
-                        ex, resp, metrics, discovery, settings.error_body_bytes
-                    )
-                length = resp.content_length
-                if (
-                    not is_event_stream(resp.headers.get("Content-Type"))
-                    and length is not None
-                    and length <= BUFFER_LIMIT
-                ):
-                    return await buffered_reply(ex, resp)
-                if unframed_json(resp):
-                    return await checked_json_reply(ex, resp)
-                return await stream_reply(request, ex, resp, metrics, discovery)
-            finally:
-                ex.upstream_time = time.perf_counter() - sent
-    except UPSTREAM_ERRORS as exc:
-        raise classify(exc, where=f"for {ex.method} {ex.path}") from exc
+        headers["Content-Length"] = str(body.length)  # a length, not chunked encoding, for vLLM
+        return body.chunks()
+    return body if body or request.method in ("POST", "PUT", "PATCH") else None
+
+
+async def _reply(
+    request: web.Request, ex: Exchange, resp: aiohttp.ClientResponse
+) -> web.StreamResponse:
+    """The upstream's answer, relayed the way its kind needs."""
+    app = request.app
+    metrics, discovery = app[METRICS], app[DISCOVERY]
+    if resp.status >= 400:
+        return await error_reply(ex, resp, metrics, discovery, app[SETTINGS].error_body_bytes)
+    length = resp.content_length
+    sse = is_event_stream(resp.headers.get("Content-Type"))
+    if not sse and length is not None and length <= BUFFER_LIMIT:
+        return await buffered_reply(ex, resp)
+    if unframed_json(resp):
+        return await checked_json_reply(ex, resp)
+    return await stream_reply(request, ex, resp, metrics, discovery)
