@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from .keys import DISCOVERY, METRICS
+from .keys import DISCOVERY, IN_FLIGHT, METRICS
 
 PROXY = web.AppKey("proxy", web.Application)
 
@@ -16,7 +16,8 @@ async def livez(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    ready, detail = request.app[PROXY][DISCOVERY].readiness()
+    proxy = request.app[PROXY]
+    ready, detail = proxy[DISCOVERY].readiness(draining=proxy[IN_FLIGHT].draining)
     return web.json_response(detail, status=200 if ready else 503)
 
 

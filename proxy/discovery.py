@@ -32,7 +32,6 @@ class Discovery:
         self.table = self._table(from_names(settings.served_model_names or ()))
         self.models_known = self.fixed
         self.healthy = False
-        self.draining = False
         self.last_error: str | None = "no health check yet"
         self._session: aiohttp.ClientSession | None = None
         self._refreshing: asyncio.Task[bool] | None = None
@@ -102,11 +101,11 @@ class Discovery:
         self._metrics.upstream_up.set(1 if ok else 0)
         return ok
 
-    def readiness(self) -> tuple[bool, dict[str, Any]]:
-        ready = self.healthy and self.models_known and not self.draining
+    def readiness(self, *, draining: bool = False) -> tuple[bool, dict[str, Any]]:
+        ready = self.healthy and self.models_known and not draining
         reason = (
             "draining"
-            if self.draining
+            if draining
             else self.last_error
             if not self.healthy
             else "served model names not known yet"

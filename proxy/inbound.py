@@ -76,10 +76,10 @@ async def read_request(
     so megabytes of token ids cost no extra round of waiting. (A second `model` key further
     on is then vLLM's to judge.)
     """
-    length = request.content_length
-    if length is None or length <= STREAM_FROM or not _wants_model(request) or length > limit:
+    length, json_body = request.content_length, _wants_model(request)
+    if length is None or length <= STREAM_FROM or not json_body or length > limit:
         body = await read_body(request, limit)
-        field = find_model(body) if body and _wants_model(request) else None
+        field = find_model(body) if body and json_body else None
         return _outgoing(await _resolved(body, field, ex, discovery, metrics))
     try:
         head = await request.content.readexactly(HEAD_BYTES)

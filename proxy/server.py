@@ -12,7 +12,7 @@ from aiohttp import web
 from . import logs
 from .admin import create_admin_app
 from .app import create_app
-from .keys import DISCOVERY, IN_FLIGHT
+from .keys import IN_FLIGHT
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,6 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> Non
         await _flushing_logs_until(stop)
         log.info("stopping: draining in-flight requests for up to %gs", settings.shutdown_grace)
         await site.stop()  # refuse new connections; readiness reports draining
-        proxy[DISCOVERY].draining = True
         await proxy[IN_FLIGHT].drain(settings.shutdown_grace)
     finally:
         await runner.cleanup()  # idle connections, then the upstream session

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.keys import DISCOVERY
+from proxy.keys import DISCOVERY, IN_FLIGHT
 from tests.conftest import MakeSidecar, Sidecar
 from tests.fake_vllm import FakeVLLM, respond
 from tests.support import eventually, free_port
@@ -18,6 +18,14 @@ async def test_ready_when_healthy_and_names_known(sidecar: Sidecar) -> None:
     assert body["ready"] is True
     assert body["served"] == ["tiny-model"]
     assert sidecar.metric("vllm_sidecar_upstream_up") == 1
+
+
+async def test_not_ready_while_draining(sidecar: Sidecar) -> None:
+    await sidecar.app[IN_FLIGHT].drain(grace=0)  # what SIGTERM starts; nothing is in flight
+    resp = await sidecar.admin.get("/readyz")
+    assert resp.status == 503
+    assert (await resp.json())["reason"] == "draining"
+    assert (await sidecar.admin.get("/livez")).status == 200
 
 
 async def test_livez_never_depends_on_the_upstream(make_sidecar: MakeSidecar) -> None:
