@@ -23,7 +23,7 @@ DEFAULT_OUT = Path(__file__).resolve().parent.parent / ".cache/models/sidecar-te
 
 # Head size 128/4 = 32: one of the head sizes vLLM's CPU attention accepts.
 HIDDEN, LAYERS, HEADS, KV_HEADS, FFN = 128, 2, 4, 2, 256
-MAX_POSITIONS = 4096
+MAX_POSITIONS = 32768
 BPE_VOCAB = 1024
 SPECIAL = ["<|bos|>", "<|eos|>", "<|pad|>", "<|im_start|>", "<|im_end|>"]
 

@@ -1,7 +1,8 @@
 """A real vLLM that hangs up, dies, stays down and comes back under another name.
 
-These tests get their own vLLM (the shared one must stay up) that allows 4096 tokens, so that a
-generation lasts long enough (about 10 s on two cores) to hang up on or kill in the middle.
+These tests get their own vLLM (the shared one must stay up) that allows 32768 tokens, so that a
+generation lasts long enough to hang up on or kill in the middle. 4096 were not enough on a quiet
+machine: the tiny model sent all of them, [DONE] included, before the kill landed.
 Each test brings vLLM into the state it needs; in file order they cost two vLLM starts: the
 first, and the restart under a new name.
 """
@@ -21,7 +22,7 @@ from ._support import DONE, eventually, metric, sse_data
 
 pytestmark = pytest.mark.vllm
 
-LONG_CONTEXT = 4096
+LONG_CONTEXT = 32768
 RENAMED = "tiny-llama-v2"
 
 
