@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
+from typing import Any
 
 import aiohttp
+from aiohttp.client_proto import ResponseHandler
 from yarl import URL
 
 from .errors import (
@@ -16,10 +20,56 @@ from .errors import (
 )
 from .settings import Settings
 
+log = logging.getLogger(__name__)
+
+
+class _AnsweredOnce(ResponseHandler):
+    """A pooled connection that closes itself when the upstream writes while no request waits.
+
+    aiohttp parses such bytes into its queue and hands the connection to the next request,
+    which then reads the stale response as its own, and every later request on it the previous
+    one's (the pool checks only that the socket is open). nginx and Envoy close an idle
+    upstream connection that receives data; so does this. Waiting starts when a request's
+    response parameters are set, just before it is sent, and ends when a final (non-1xx)
+    response has been read to its end.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self._waiting = False
+        self._answer: Any = None  # the payload of the final response, once its head is parsed
+
+    def set_response_params(self, **params: Any) -> None:
+        self._waiting, self._answer = True, None
+        super().set_response_params(**params)
+
+    def feed_data(self, data: Any, size: int = 0) -> None:
+        message, payload = data
+        if message.code >= 200:
+            self._answer = payload
+        super().feed_data(data, size)
+
+    def data_received(self, data: bytes) -> None:
+        if data and not self._waiting:
+            log.warning("closing an idle upstream connection that received %d bytes", len(data))
+            if self.transport is not None:
+                self.transport.close()
+            return
+        super().data_received(data)
+        if self._answer is not None and self._answer.is_eof():
+            self._waiting, self._answer = False, None
+
+
+class _Connector(aiohttp.TCPConnector):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # aiohttp has no public hook for the protocol class: the factory is the one seam.
+        self._factory = functools.partial(_AnsweredOnce, loop=self._loop)  # type: ignore[assignment]
+
 
 def make_session(settings: Settings) -> aiohttp.ClientSession:
     """A session tuned for LLM traffic; each default below breaks it when left alone."""
-    connector = aiohttp.TCPConnector(
+    connector = _Connector(
         limit=settings.max_connections,  # 0: SkyRL sends 512 concurrent requests per engine
         limit_per_host=0,
         enable_cleanup_closed=False,
