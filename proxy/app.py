@@ -7,10 +7,11 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from . import connections
 from .discovery import Discovery
 from .drain import InFlight
 from .forward import handle
-from .keys import DISCOVERY, IN_FLIGHT, METRICS, SESSION, SETTINGS, UPSTREAM
+from .keys import CONNECTIONS, DISCOVERY, IN_FLIGHT, METRICS, SESSION, SETTINGS, UPSTREAM
 from .metrics import Metrics
 from .settings import Settings
 from .upstream import base_url, make_session
@@ -33,6 +34,18 @@ def create_app(settings: Settings, *, registry: CollectorRegistry | None = None)
     app[UPSTREAM] = base_url(settings)
     app[DISCOVERY] = Discovery(settings, metrics, app[UPSTREAM])
     app[IN_FLIGHT] = InFlight()
+    app[CONNECTIONS] = watch = connections.Watch(_limits(settings), metrics)
+    app.middlewares.append(connections.middleware(watch))
     app.cleanup_ctx.append(_upstream_ctx)
     app.router.add_route("*", "/{tail:.*}", handle)
     return app
+
+
+def _limits(settings: Settings) -> connections.Limits:
+    return connections.Limits(
+        header=settings.client_header_timeout,
+        body=settings.client_body_timeout,
+        idle=settings.client_idle_timeout,
+        send=settings.client_send_timeout,
+        max_connections=settings.max_client_connections,
+    )

@@ -6,6 +6,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from .connections import Watch
 from .discovery import Discovery
 from .drain import InFlight
 from .metrics import Metrics
@@ -17,3 +18,4 @@ DISCOVERY = web.AppKey("discovery", Discovery)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 UPSTREAM = web.AppKey("upstream", URL)
 IN_FLIGHT = web.AppKey("in_flight", InFlight)
+CONNECTIONS = web.AppKey("connections", Watch)

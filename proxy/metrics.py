@@ -125,6 +125,16 @@ class Metrics:
         self.discoveries = self._counter(
             "discoveries", "Reads of the upstream's /v1/models, by outcome.", ("outcome",)
         )
+        self.client_connections = Gauge(
+            PREFIX + "client_connections",
+            "Client connections open on the proxy port.",
+            registry=registry,
+        )
+        self.connections_closed = self._counter(
+            "client_connections_closed",
+            "Client connections the sidecar closed itself, by reason (a timeout, or the limit).",
+            ("reason",),
+        )
 
     def _counter(self, name: str, doc: str, labels: tuple[str, ...]) -> Family[Counter]:
         return Family(Counter(PREFIX + name, doc, labels, registry=self.registry))

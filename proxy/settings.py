@@ -37,7 +37,10 @@ class Settings(BaseSettings):
     )
     host: str = Field("0.0.0.0", description="proxy listen address")
     port: int = Field(8080, ge=0, le=65535, description="proxy port")
-    admin_port: int = Field(8081, ge=0, le=65535, description="admin port (same host)")
+    admin_port: int = Field(8081, ge=0, le=65535, description="admin port")
+    admin_host: str | None = Field(
+        None, description="admin listen address (default: the proxy's --host; probes need it)"
+    )
     served_model_names: Annotated[list[str] | None, NoDecode] = Field(
         None, description="fix the served names (comma-separated) instead of asking /v1/models"
     )
@@ -56,6 +59,24 @@ class Settings(BaseSettings):
     )
     max_body_bytes: int = Field(64 * MiB, gt=0, description="larger request bodies get 413")
     max_connections: int = Field(0, ge=0, description="upstream connection pool size (0: no limit)")
+    pool_timeout: float = Field(
+        30.0, gt=0, description="longest wait for a free pooled upstream connection, seconds"
+    )
+    client_header_timeout: float = Field(
+        60.0, gt=0, description="a request head must be complete this long after its first byte"
+    )
+    client_body_timeout: float = Field(
+        60.0, gt=0, description="longest pause between two reads of a request body, seconds"
+    )
+    client_idle_timeout: float = Field(
+        30.0, gt=0, description="an idle keep-alive client connection is closed after this"
+    )
+    client_send_timeout: float = Field(
+        60.0, gt=0, description="longest a client may take no byte of its answer, seconds"
+    )
+    max_client_connections: int = Field(
+        4096, gt=0, description="client connections on the proxy port (also capped by descriptors)"
+    )
     error_body_bytes: int = Field(
         1 * MiB, gt=0, description="upstream error bodies kept in envelopes, the rest is cut"
     )
