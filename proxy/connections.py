@@ -23,6 +23,7 @@ from typing import Any, cast
 
 from aiohttp import StreamReader, web
 
+from .drain import InFlight
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -125,10 +126,13 @@ class _Refused(asyncio.Protocol):
 class Watch:
     """The proxy port's connections: the limit at accept, the timeouts by a periodic sweep."""
 
-    def __init__(self, limits: Limits, metrics: Metrics) -> None:
-        self.limits, self.metrics = limits, metrics
+    def __init__(self, limits: Limits, metrics: Metrics, in_flight: InFlight) -> None:
+        self.limits, self.metrics, self.in_flight = limits, metrics, in_flight
         self.guards: dict[object, Guard] = {}
-        self.draining = False
+
+    @property
+    def draining(self) -> bool:
+        return self.in_flight.draining
 
     @staticmethod
     def now() -> float:
@@ -178,7 +182,7 @@ class Watch:
 
     def start_draining(self) -> None:
         """No new request on a kept-alive connection: idle ones close now, busy ones after."""
-        self.draining = True
+        self.in_flight.draining = True
         self.sweep()
 
 

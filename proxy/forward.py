@@ -38,6 +38,9 @@ async def handle(request: web.Request) -> web.StreamResponse:
     except asyncio.CancelledError:
         # The client hung up (handler cancellation), or the shutdown grace period ran out.
         if request.app[IN_FLIGHT].draining:
+            if ex.status == 0 and (task := asyncio.current_task()) is not None:
+                task.uncancel()  # nothing sent yet: the client still gets its envelope
+                return failure_response(ex, ShuttingDown(_CUT), metrics, request.app[DISCOVERY])
             ex.fail_with(metrics, ShuttingDown("the sidecar shut down"))
         else:
             metrics.disconnects.labels(ex.route).inc()
@@ -54,11 +57,17 @@ async def _handle(request: web.Request, ex: Exchange) -> web.StreamResponse:
     app = request.app
     metrics, discovery = app[METRICS], app[DISCOVERY]
     try:
+        if app[IN_FLIGHT].draining:
+            raise ShuttingDown(_REFUSED)
         limit = app[SETTINGS].max_body_bytes
         body = await read_request(request, ex, discovery, metrics, limit)
         return await _exchange(request, ex, body)
     except SidecarFailure as failure:
         return failure_response(ex, failure, metrics, discovery)
+
+
+_CUT = "The sidecar shut down before the upstream answered (--shutdown-grace ran out); retry."
+_REFUSED = "The sidecar is shutting down and takes no new requests; retry on another replica."
 
 
 def _origin_form(request: web.Request) -> str:

@@ -62,7 +62,6 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> Non
         await _flushing_logs_until(stop)
         log.info("stopping: draining in-flight requests for up to %gs", settings.shutdown_grace)
         listener.close()  # refuse new connections; readiness reports draining
-        proxy[IN_FLIGHT].draining = True
         watch.start_draining()
         await proxy[IN_FLIGHT].drain(settings.shutdown_grace)
     finally:

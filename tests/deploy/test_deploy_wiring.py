@@ -223,9 +223,15 @@ def test_sidecar_is_a_native_sidecar_in_front_of_vllm() -> None:
     )
     vllm_port = spec["containers"][0]["ports"][0]["containerPort"]
     assert settings.upstream_url == f"http://127.0.0.1:{vllm_port}"
-    # In-flight requests get vLLM's preStop and then the sidecar's grace, inside the pod's.
-    pre_stop = int(spec["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][-1])
-    assert pre_stop + settings.shutdown_grace < spec["terminationGracePeriodSeconds"]
+    # vLLM's preStop drains through the sidecar (tests/test_drain.py runs it): its delay and
+    # the sidecar's grace, then vLLM's own shutdown, all inside the pod's grace period.
+    script = spec["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][-1]
+    assert "/drain" in script
+    assert f":{settings.admin_port}" in script
+    found = re.search(r'"SIDECAR_DRAIN_DELAY", "([\d.]+)"', script)
+    assert found is not None
+    delay = float(found.group(1))
+    assert delay + settings.shutdown_grace + 10 < spec["terminationGracePeriodSeconds"]
     security = sidecar["securityContext"]
     assert security["runAsNonRoot"] is True
     assert security["readOnlyRootFilesystem"] is True
