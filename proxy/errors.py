@@ -82,3 +82,11 @@ class ShuttingDown(SidecarFailure):
     reason = "shutting_down"
     status = 503
     retryable = True
+
+
+class UpstreamPoolExhausted(SidecarFailure):
+    """Every pooled upstream connection (--max-connections) stayed busy past --pool-timeout."""
+
+    reason = "upstream_pool_exhausted"
+    status = 503
+    retryable = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from contextvars import ContextVar
 from typing import Any
 
 import aiohttp
@@ -15,6 +16,7 @@ from .errors import (
     SidecarFailure,
     UpstreamDisconnected,
     UpstreamInvalidResponse,
+    UpstreamPoolExhausted,
     UpstreamTimeout,
     UpstreamUnreachable,
 )
@@ -82,18 +84,42 @@ def make_session(settings: Settings) -> aiohttp.ClientSession:
     )
     timeout = aiohttp.ClientTimeout(
         total=None,  # generations can run for many minutes
+        # aiohttp's `connect` spans the wait for a pooled connection and the connecting; with a
+        # bounded pool that wait gets --pool-timeout, the connecting its own timeout after it.
+        connect=settings.pool_timeout + settings.connect_timeout
+        if settings.max_connections
+        else None,
         sock_connect=settings.connect_timeout,
         sock_read=settings.read_timeout,
     )
     return aiohttp.ClientSession(
         connector=connector,
         timeout=timeout,
+        trace_configs=[_pool_queue_trace()],
         auto_decompress=False,  # relay Content-Encoding together with the bytes it describes
         # Relay the client's headers, not aiohttp's: add none of its defaults.
         skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
         cookie_jar=aiohttp.DummyCookieJar(),
         trust_env=False,
     )
+
+
+# Whether the current request is waiting for a pooled connection: set and cleared by aiohttp's
+# trace signals, which run in the request's own task, so each request sees its own value.
+_QUEUED: ContextVar[bool] = ContextVar("queued_for_upstream_pool", default=False)
+
+
+def _pool_queue_trace() -> aiohttp.TraceConfig:
+    async def queued(*_: object) -> None:
+        _QUEUED.set(True)
+
+    async def dequeued(*_: object) -> None:
+        _QUEUED.set(False)
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_queued_start.append(queued)
+    trace.on_connection_queued_end.append(dequeued)
+    return trace
 
 
 def base_url(settings: Settings) -> URL:
@@ -111,6 +137,11 @@ def target(base: URL, raw_path_qs: str) -> URL:
 
 def classify(exc: BaseException, *, where: str) -> SidecarFailure:
     """A client-side exception from talking to the upstream -> the failure the client is told."""
+    if isinstance(exc, aiohttp.ConnectionTimeoutError) and _QUEUED.get():
+        return UpstreamPoolExhausted(
+            f"Every upstream connection (--max-connections) stayed busy {where}, past"
+            " --pool-timeout; retry later."
+        )
     if isinstance(exc, aiohttp.ServerTimeoutError | asyncio.TimeoutError):
         return UpstreamTimeout(f"The upstream timed out {where}: {exc or type(exc).__name__}")
     if isinstance(exc, aiohttp.ClientConnectorError):
