@@ -8,10 +8,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from . import connections
+from .budget import Budget
 from .discovery import Discovery
 from .drain import InFlight
 from .forward import handle
-from .keys import CONNECTIONS, DISCOVERY, IN_FLIGHT, METRICS, SESSION, SETTINGS, UPSTREAM
+from .keys import BUDGET, CONNECTIONS, DISCOVERY, IN_FLIGHT, METRICS, SESSION, SETTINGS, UPSTREAM
 from .metrics import Metrics
 from .settings import Settings
 from .upstream import base_url, make_session
@@ -33,8 +34,11 @@ def create_app(settings: Settings, *, registry: CollectorRegistry | None = None)
     app[METRICS] = metrics
     app[UPSTREAM] = base_url(settings)
     app[DISCOVERY] = Discovery(settings, metrics, app[UPSTREAM])
+    app[BUDGET] = budget = Budget(settings.buffer_budget_bytes, metrics)
     app[IN_FLIGHT] = in_flight = InFlight()
-    app[CONNECTIONS] = watch = connections.Watch(_limits(settings), metrics, in_flight)
+    app[CONNECTIONS] = watch = connections.Watch(
+        _limits(settings), metrics, in_flight, on_quiet=budget.trim
+    )
     app.middlewares.append(connections.middleware(watch))
     app.cleanup_ctx.append(_upstream_ctx)
     app.router.add_route("*", "/{tail:.*}", handle)

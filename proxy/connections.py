@@ -126,8 +126,15 @@ class _Refused(asyncio.Protocol):
 class Watch:
     """The proxy port's connections: the limit at accept, the timeouts by a periodic sweep."""
 
-    def __init__(self, limits: Limits, metrics: Metrics, in_flight: InFlight) -> None:
+    def __init__(
+        self,
+        limits: Limits,
+        metrics: Metrics,
+        in_flight: InFlight,
+        on_quiet: Callable[[], None] | None = None,
+    ) -> None:
         self.limits, self.metrics, self.in_flight = limits, metrics, in_flight
+        self.on_quiet = on_quiet  # called when the last client connection has closed
         self.guards: dict[object, Guard] = {}
 
     @property
@@ -145,6 +152,8 @@ class Watch:
     def discard(self, guard: Guard) -> None:
         self.guards.pop(guard.inner, None)
         self.metrics.client_connections.set(len(self.guards))
+        if not self.guards and self.on_quiet is not None:
+            self.on_quiet()
 
     def factory(self, make: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         def build() -> asyncio.Protocol:

@@ -90,3 +90,11 @@ class UpstreamPoolExhausted(SidecarFailure):
     reason = "upstream_pool_exhausted"
     status = 503
     retryable = True
+
+
+class BufferBudgetExhausted(SidecarFailure):
+    """A body that must be held whole would take the sidecar past its memory budget."""
+
+    reason = "buffer_budget_exhausted"
+    status = 503
+    retryable = True

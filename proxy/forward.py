@@ -13,7 +13,7 @@ from . import headers as hdrs
 from .errors import ShuttingDown, SidecarFailure
 from .exchange import CLIENT_CLOSED, Exchange
 from .inbound import StreamedBody, read_request
-from .keys import DISCOVERY, IN_FLIGHT, METRICS, SESSION, SETTINGS, UPSTREAM
+from .keys import BUDGET, DISCOVERY, IN_FLIGHT, METRICS, SESSION, SETTINGS, UPSTREAM
 from .relay import (
     BUFFER_LIMIT,
     buffered_reply,
@@ -128,7 +128,8 @@ async def _reply(
         return await error_reply(ex, resp, metrics, discovery, app[SETTINGS].error_body_bytes)
     length = resp.content_length
     sse = is_event_stream(resp.headers.get("Content-Type"))
-    if not sse and length is not None and length <= BUFFER_LIMIT:
+    # Read whole only within the memory budget; past it the answer streams, with backpressure.
+    if not sse and length is not None and length <= BUFFER_LIMIT and app[BUDGET].held(length):
         return await buffered_reply(ex, resp)
     if unframed_json(resp):
         return await checked_json_reply(ex, resp)

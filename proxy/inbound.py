@@ -13,6 +13,7 @@ from .discovery import Discovery
 from .envelope import ModelInfo
 from .errors import BodyTooLarge, InvalidRequest, ModelAmbiguous
 from .exchange import Exchange
+from .keys import BUDGET
 from .metrics import Metrics
 from .resolution import ABSENT, AMBIGUOUS, UNRESOLVED, Resolution
 
@@ -54,7 +55,11 @@ class StreamedBody:
     length: int
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        yield self.head
+        # In slices, so that the socket's backpressure applies to a large held body too: given
+        # whole, its unsent rest would be copied into the transport's buffer at once.
+        view = memoryview(self.head)
+        for start in range(0, len(view), STREAM_FROM):
+            yield view[start : start + STREAM_FROM]  # type: ignore[misc]
         if self.rest is not None:
             async for chunk in self.rest.iter_any():
                 yield chunk
@@ -77,7 +82,11 @@ async def read_request(
     on is then vLLM's to judge.)
     """
     length, json_body = request.content_length, _wants_model(request)
+    if length is not None and STREAM_FROM < length <= limit and not json_body:
+        return StreamedBody(b"", request.content, length)  # nothing to find in it: straight on
     if length is None or length <= STREAM_FROM or not json_body or length > limit:
+        if length is not None and length <= limit:
+            request.app[BUDGET].hold(length)
         body = await read_body(request, limit)
         field = find_model(body) if body and json_body else None
         return _outgoing(await _resolved(body, field, ex, discovery, metrics))
@@ -87,6 +96,7 @@ async def read_request(
         raise InvalidRequest("The request body ended before its Content-Length.") from None
     field = find_model_in_head(head)
     if field is None:  # the model is further on: the whole body it is
+        request.app[BUDGET].hold(length)
         body = head + await request.content.read()
         return _outgoing(await _resolved(body, find_model(body), ex, discovery, metrics))
     new_head = await _resolved(head, field, ex, discovery, metrics)

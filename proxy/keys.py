@@ -6,6 +6,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from .budget import Budget
 from .connections import Watch
 from .discovery import Discovery
 from .drain import InFlight
@@ -19,3 +20,4 @@ SESSION = web.AppKey("session", aiohttp.ClientSession)
 UPSTREAM = web.AppKey("upstream", URL)
 IN_FLIGHT = web.AppKey("in_flight", InFlight)
 CONNECTIONS = web.AppKey("connections", Watch)
+BUDGET = web.AppKey("budget", Budget)

@@ -135,6 +135,16 @@ class Metrics:
             "Client connections the sidecar closed itself, by reason (a timeout, or the limit).",
             ("reason",),
         )
+        self.buffered_bytes = Gauge(
+            PREFIX + "buffered_bytes",
+            "Bytes of request and response bodies held whole now (the memory budget's use).",
+            registry=registry,
+        )
+        self.budget_refusals = Counter(
+            PREFIX + "buffer_budget_refusals",
+            "Bodies the memory budget had no room for: a response streamed, a request refused.",
+            registry=registry,
+        )
 
     def _counter(self, name: str, doc: str, labels: tuple[str, ...]) -> Family[Counter]:
         return Family(Counter(PREFIX + name, doc, labels, registry=self.registry))

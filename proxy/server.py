@@ -13,6 +13,7 @@ from aiohttp import web
 from . import connections, logs
 from .admin import create_admin_app
 from .app import create_app
+from .budget import map_large_buffers
 from .keys import CONNECTIONS, IN_FLIGHT
 from .settings import Settings
 
@@ -98,6 +99,7 @@ async def _flushing_logs_until(stop: asyncio.Event, interval: float = 0.5) -> No
 
 
 def run(settings: Settings) -> None:
+    map_large_buffers()
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency where it builds

@@ -58,6 +58,9 @@ class Settings(BaseSettings):
         None, gt=0, description="upstream socket read timeout, seconds (none: no limit)"
     )
     max_body_bytes: int = Field(64 * MiB, gt=0, description="larger request bodies get 413")
+    buffer_budget_bytes: int = Field(
+        96 * MiB, gt=0, description="request and response bodies held whole, all requests together"
+    )
     max_connections: int = Field(0, ge=0, description="upstream connection pool size (0: no limit)")
     pool_timeout: float = Field(
         30.0, gt=0, description="longest wait for a free pooled upstream connection, seconds"
