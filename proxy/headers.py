@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 
 from multidict import CIMultiDict, MultiMapping, istr
@@ -75,8 +76,36 @@ def upstream_request_headers(
     out["X-Forwarded-Proto"] = scheme
     if host:
         out["X-Forwarded-Host"] = host
+    # X-Real-IP names one address, the client's: only the sidecar knows it, so a client's own
+    # value is replaced, never passed on. Forwarded (RFC 7239) is a chain like X-Forwarded-For:
+    # each proxy appends its element (section 4), so the upstream can trust the last one.
+    out.popall("X-Real-IP", None)
+    if client_ip:
+        out["X-Real-IP"] = client_ip
+    out.popall("Forwarded", None)
+    chain = [*headers.getall("Forwarded", ()), _forwarded_element(client_ip, scheme, host)]
+    out["Forwarded"] = ", ".join(chain)
     out[REQUEST_ID] = rid
     return out
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def _forwarded_element(client_ip: str | None, scheme: str, host: str | None) -> str:
+    """One RFC 7239 element; values that are not tokens (IPv6, host:port) are quoted."""
+
+    def pair(name: str, value: str) -> str:
+        if _TOKEN.fullmatch(value):
+            return f"{name}={value}"
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        return f'{name}="{escaped}"'
+
+    ip = f"[{client_ip}]" if client_ip and ":" in client_ip else client_ip
+    parts = [pair("for", ip or "unknown"), pair("proto", scheme)]
+    if host:
+        parts.append(pair("host", host))
+    return ";".join(parts)
 
 
 def response_headers(headers: MultiMapping[str], *, rid: str) -> CIMultiDict[str]:
