@@ -13,7 +13,6 @@ import asyncio
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 import time
@@ -21,32 +20,14 @@ from pathlib import Path
 
 import aiohttp
 
+from tests.support import free_port, wait_http_ok
+
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-async def wait_ok(url: str, within: float = 20.0) -> None:
-    deadline = time.monotonic() + within
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
-            try:
-                async with session.get(url) as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise SystemExit(f"{url} not ready")
 
 
 def start(source: Path, upstream: str, *args: str, nofile: int | None = None) -> tuple:
@@ -64,18 +45,18 @@ def start(source: Path, upstream: str, *args: str, nofile: int | None = None) ->
     return proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
 
 
-async def status(url: str, timeout: float = 5.0) -> str:
+async def status(url: str, within: float = 5.0) -> str:
     try:
         async with aiohttp.ClientSession() as session:
-            async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=within)) as resp:
                 return str(resp.status)
-    except Exception as exc:  # noqa: BLE001 - a figure, whatever failed
+    except Exception as exc:  # a figure, whatever failed
         return type(exc).__name__
 
 
 async def idle_sockets(source: Path, upstream: str, n: int, nofile: int | None) -> dict:
     proc, url, admin = start(source, upstream, nofile=nofile)
-    await wait_ok(f"{admin}/livez")
+    await wait_http_ok(f"{admin}/livez")
     before = fds(proc.pid)
     host, port = url.removeprefix("http://").split(":")
     socks = []
@@ -99,15 +80,15 @@ async def idle_sockets(source: Path, upstream: str, n: int, nofile: int | None) 
 async def pool_wait(source: Path, upstream: str, extra: list[str]) -> dict:
     """One client stalls half way through a streamed body with --max-connections 1."""
     proc, url, admin = start(source, upstream, "--max-connections", "1", *extra)
-    await wait_ok(f"{admin}/readyz")
+    await wait_http_ok(f"{admin}/readyz")
     host, port = url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
+    _, writer = await asyncio.open_connection(host, int(port))
     body = b'{"model": "tiny-model", "prompt": "' + b"x" * (2 * MiB) + b'"}'
     head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
     writer.write(head + b"Content-Length: %d\r\n\r\n" % len(body) + body[: MiB + 100])
     await asyncio.sleep(0.5)
     t0 = time.monotonic()
-    got = await status(f"{url}/v1/models", timeout=30)
+    got = await status(f"{url}/v1/models", within=30)
     out = {"settings": extra, "next_request": got, "waited_s": round(time.monotonic() - t0, 2)}
     writer.close()
     proc.kill()
@@ -120,12 +101,12 @@ async def main() -> None:
     parser.add_argument("--source", type=Path, default=ROOT)
     args = parser.parse_args()
     up_port = free_port()
-    fake = subprocess.Popen(
-        [sys.executable, "-m", "tests.fake_vllm", "--port", str(up_port)], cwd=ROOT
+    fake = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.fake_vllm", "--port", str(up_port), cwd=ROOT
     )
     upstream = f"http://127.0.0.1:{up_port}"
     try:
-        await wait_ok(f"{upstream}/health")
+        await wait_http_ok(f"{upstream}/health")
         results = [
             await idle_sockets(args.source, upstream, 2000, None),
             await idle_sockets(args.source, upstream, 1100, 1024),
@@ -139,9 +120,10 @@ async def main() -> None:
             print(json.dumps(row))
     finally:
         fake.kill()
-        fake.wait()
+        await fake.wait()
 
 
 if __name__ == "__main__":
-    resource.setrlimit(resource.RLIMIT_NOFILE, (8192, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(8192, hard), hard))
     asyncio.run(main())
