@@ -52,4 +52,5 @@ def _limits(settings: Settings) -> connections.Limits:
         idle=settings.client_idle_timeout,
         send=settings.client_send_timeout,
         max_connections=settings.max_client_connections,
+        min_body_rate=settings.client_body_min_rate,
     )

@@ -6,7 +6,8 @@ connection's protocol is wrapped here (the plain asyncio Protocol interface, not
 and one sweep closes those that owe the sidecar bytes, or will not take them, for too long:
 
 - header: a request's head not complete this long after its first byte (`client_header_timeout`);
-- body: no byte of a request body this long while the handler is reading (`client_body_timeout`);
+- body: no byte of a request body this long while the handler is reading (`client_body_timeout`),
+  or fewer than `min_body_rate` bytes a second over that long (a body trickled to hold the slot);
 - idle: no new request this long after the last answer (`keepalive_timeout`);
 - send: the client has not taken a byte of the answer this long (`send_timeout`).
 """
@@ -39,6 +40,7 @@ class Limits:
     idle: float
     send: float
     max_connections: int
+    min_body_rate: int = 0
 
     @property
     def tick(self) -> float:
@@ -58,6 +60,7 @@ class Guard(asyncio.Protocol):
         self.paused_since: float | None = None
         self.body: StreamReader | None = None
         self.busy = False
+        self.window_start, self.window_bytes = now, 0  # the body's rate, over one body timeout
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -70,6 +73,7 @@ class Guard(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_rx = self.watch.now()
+        self.window_bytes += len(data)
         if not self.busy and self.head_since is None:
             self.head_since = self.last_rx
         self.inner.data_received(data)
@@ -87,6 +91,7 @@ class Guard(asyncio.Protocol):
 
     def started(self, body: StreamReader) -> None:
         self.busy, self.body, self.head_since = True, body, None
+        self.window_start, self.window_bytes = self.watch.now(), 0
 
     def finished(self) -> None:
         self.busy, self.body = False, None
@@ -105,15 +110,27 @@ class Guard(asyncio.Protocol):
         if self.paused_since is not None:
             return "send_timeout" if now - self.paused_since > limits.send else None
         if not transport.is_reading():
-            self.last_rx = now  # held back by the sidecar itself (a full buffer), not the client
+            # Held back by the sidecar itself (a full buffer), not by the client.
+            self.last_rx = self.window_start = now
+            self.window_bytes = 0
         if self.busy:
             reading = self.body is not None and not self.body.is_eof()
-            return "body_timeout" if reading and now - self.last_rx > limits.body else None
+            return self._body_expired(now, limits) if reading else None
         if transport.get_write_buffer_size():
             self.idle_since = now  # an answer still on its way out: not idle
         if self.head_since is not None:
             return "header_timeout" if now - self.head_since > limits.header else None
         return "idle_timeout" if now - self.idle_since > limits.idle else None
+
+    def _body_expired(self, now: float, limits: Limits) -> str | None:
+        if now - self.last_rx > limits.body:
+            return "body_timeout"
+        span = now - self.window_start
+        if span < limits.body:
+            return None
+        slow = self.window_bytes < limits.min_body_rate * span
+        self.window_start, self.window_bytes = now, 0
+        return "body_too_slow" if slow else None
 
 
 class _Refused(asyncio.Protocol):

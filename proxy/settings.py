@@ -71,6 +71,9 @@ class Settings(BaseSettings):
     client_body_timeout: float = Field(
         60.0, gt=0, description="longest pause between two reads of a request body, seconds"
     )
+    client_body_min_rate: int = Field(
+        1024, ge=0, description="a request body slower than this, bytes/s, is cut (0: no minimum)"
+    )
     client_idle_timeout: float = Field(
         30.0, gt=0, description="an idle keep-alive client connection is closed after this"
     )

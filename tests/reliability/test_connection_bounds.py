@@ -94,6 +94,27 @@ async def test_stalled_body_is_closed_and_the_upstream_request_cancelled(
     assert sample(metrics, "vllm_sidecar_client_disconnects_total", route="/v1/completions") == 1
 
 
+async def test_trickled_body_is_closed(upstream: TestServer, start_sidecar: StartSidecar) -> None:
+    """A byte now and then keeps the body timeout at bay; the minimum rate still applies."""
+    proc, url = await start_sidecar(str(upstream.make_url("")), *FAST)
+    reader, writer = await connect(url)
+    body = b'{"model": "tiny-model", "prompt": "' + b"x" * 100_000 + b'"}'
+    writer.write(HEAD + b"Content-Length: %d\r\n\r\n" % len(body))
+
+    async def trickle() -> None:
+        for i in range(0, len(body), 20):  # 200 bytes a second, under the 1 KiB/s minimum
+            writer.write(body[i : i + 20])
+            await asyncio.sleep(0.1)
+
+    task = asyncio.create_task(trickle())
+    try:
+        assert await closed_within(reader) == b""
+    finally:
+        task.cancel()
+        writer.close()
+    assert await closes(proc, "body_too_slow") == 1
+
+
 async def test_client_that_does_not_read_is_closed(
     upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
 ) -> None:
