@@ -39,6 +39,24 @@ async def connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]
     return await asyncio.open_connection(host, int(port))
 
 
+async def trickled_until_closed(url: str, first: bytes, rest: bytes, step: int) -> bytes:
+    """Send `first`, then `rest` `step` bytes every 0.1 s; what came back before the close."""
+    reader, writer = await connect(url)
+    writer.write(first)
+
+    async def trickle() -> None:
+        for i in range(0, len(rest), step):
+            writer.write(rest[i : i + step])
+            await asyncio.sleep(0.1)
+
+    task = asyncio.create_task(trickle())
+    try:
+        return await closed_within(reader)
+    finally:
+        task.cancel()
+        writer.close()
+
+
 async def closes(proc: subprocess.Popen[bytes], reason: str) -> float:
     return sample(
         await scrape(admin_of(proc)), "vllm_sidecar_client_connections_closed_total", reason=reason
@@ -59,19 +77,8 @@ async def test_trickled_headers_are_closed(
     upstream: TestServer, start_sidecar: StartSidecar
 ) -> None:
     proc, url = await start_sidecar(str(upstream.make_url("")), *FAST)
-    reader, writer = await connect(url)
-
-    async def trickle() -> None:
-        for byte in HEAD:  # one byte every 0.1 s: never idle, never a whole head
-            writer.write(bytes([byte]))
-            await asyncio.sleep(0.1)
-
-    task = asyncio.create_task(trickle())
-    try:
-        assert await closed_within(reader) == b""
-    finally:
-        task.cancel()
-        writer.close()
+    # One byte every 0.1 s: never idle, never a whole head.
+    assert await trickled_until_closed(url, b"", HEAD, 1) == b""
     assert await closes(proc, "header_timeout") == 1
 
 
@@ -97,21 +104,10 @@ async def test_stalled_body_is_closed_and_the_upstream_request_cancelled(
 async def test_trickled_body_is_closed(upstream: TestServer, start_sidecar: StartSidecar) -> None:
     """A byte now and then keeps the body timeout at bay; the minimum rate still applies."""
     proc, url = await start_sidecar(str(upstream.make_url("")), *FAST)
-    reader, writer = await connect(url)
     body = b'{"model": "tiny-model", "prompt": "' + b"x" * 100_000 + b'"}'
-    writer.write(HEAD + b"Content-Length: %d\r\n\r\n" % len(body))
-
-    async def trickle() -> None:
-        for i in range(0, len(body), 20):  # 200 bytes a second, under the 1 KiB/s minimum
-            writer.write(body[i : i + 20])
-            await asyncio.sleep(0.1)
-
-    task = asyncio.create_task(trickle())
-    try:
-        assert await closed_within(reader) == b""
-    finally:
-        task.cancel()
-        writer.close()
+    head = HEAD + b"Content-Length: %d\r\n\r\n" % len(body)
+    # 20 bytes every 0.1 s: 200 bytes a second, under the 1 KiB/s minimum.
+    assert await trickled_until_closed(url, head, body, 20) == b""
     assert await closes(proc, "body_too_slow") == 1
 
 
