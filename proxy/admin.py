@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from .keys import DISCOVERY, IN_FLIGHT, METRICS
+from .keys import DISCOVERY, IN_FLIGHT, LIFECYCLE, METRICS
 
 PROXY = web.AppKey("proxy", web.Application)
 
@@ -26,6 +26,11 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"models_known": discovery.models_known, **discovery.table.describe()})
 
 
+async def engine(request: web.Request) -> web.Response:
+    """The engine's phase, since when, and its weight version (see docs/lifecycle.md)."""
+    return web.json_response(request.app[PROXY][LIFECYCLE].describe())
+
+
 def create_admin_app(proxy: web.Application) -> web.Application:
     """The admin application, reading the state of the proxy application it watches."""
     app = web.Application()
@@ -35,4 +40,5 @@ def create_admin_app(proxy: web.Application) -> web.Application:
     app.router.add_get("/livez", livez)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/models", models)
+    app.router.add_get("/engine", engine)
     return app

@@ -10,8 +10,11 @@ from prometheus_client import CollectorRegistry
 from .discovery import Discovery
 from .drain import InFlight
 from .forward import handle
-from .keys import DISCOVERY, IN_FLIGHT, METRICS, SESSION, SETTINGS, UPSTREAM
+from .gate import stamp
+from .keys import DISCOVERY, IN_FLIGHT, LIFECYCLE, METRICS, SESSION, SETTINGS, UPSTREAM
+from .lifecycle import Lifecycle
 from .metrics import Metrics
+from .reconcile import reconciling
 from .settings import Settings
 from .upstream import base_url, make_session
 
@@ -20,7 +23,9 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     async with make_session(app[SETTINGS]) as session:
         app[SESSION] = session
         async with app[DISCOVERY].running(session):
-            yield
+            interval = app[SETTINGS].health_interval
+            async with reconciling(app[LIFECYCLE], session, app[UPSTREAM], interval=interval):
+                yield
 
 
 def create_app(settings: Settings, *, registry: CollectorRegistry | None = None) -> web.Application:
@@ -33,6 +38,13 @@ def create_app(settings: Settings, *, registry: CollectorRegistry | None = None)
     app[UPSTREAM] = base_url(settings)
     app[DISCOVERY] = Discovery(settings, metrics, app[UPSTREAM])
     app[IN_FLIGHT] = InFlight()
+    app[LIFECYCLE] = Lifecycle(
+        metrics.engine,
+        hold_timeout=settings.phase_hold_timeout,
+        hold_queue=settings.phase_hold_queue,
+        token=settings.control_secret(),
+    )
+    app.on_response_prepare.append(stamp)
     app.cleanup_ctx.append(_upstream_ctx)
     app.router.add_route("*", "/{tail:.*}", handle)
     return app

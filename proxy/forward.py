@@ -12,6 +12,7 @@ from multidict import CIMultiDict
 from . import headers as hdrs
 from .errors import ShuttingDown, SidecarFailure
 from .exchange import CLIENT_CLOSED, Exchange
+from .gate import passage
 from .inbound import StreamedBody, read_request
 from .keys import DISCOVERY, IN_FLIGHT, METRICS, SESSION, SETTINGS, UPSTREAM
 from .relay import (
@@ -55,8 +56,9 @@ async def _handle(request: web.Request, ex: Exchange) -> web.StreamResponse:
     metrics, discovery = app[METRICS], app[DISCOVERY]
     try:
         limit = app[SETTINGS].max_body_bytes
-        body = await read_request(request, ex, discovery, metrics, limit)
-        return await _exchange(request, ex, body)
+        async with passage(request, ex):  # engine lifecycle: hold, token, phase
+            body = await read_request(request, ex, discovery, metrics, limit)
+            return await _exchange(request, ex, body)
     except SidecarFailure as failure:
         return failure_response(ex, failure, metrics, discovery)
 

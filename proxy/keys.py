@@ -8,6 +8,7 @@ from yarl import URL
 
 from .discovery import Discovery
 from .drain import InFlight
+from .lifecycle import Lifecycle
 from .metrics import Metrics
 from .settings import Settings
 
@@ -17,3 +18,4 @@ DISCOVERY = web.AppKey("discovery", Discovery)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 UPSTREAM = web.AppKey("upstream", URL)
 IN_FLIGHT = web.AppKey("in_flight", InFlight)
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)

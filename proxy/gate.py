@@ -1,0 +1,108 @@
+"""Where a request meets the engine lifecycle: its plane, its hold, its weight-version stamp."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import orjson
+from aiohttp import web
+
+from .control import CONTROL, DATA, normalized, plane
+from .errors import SidecarFailure, Unauthorized
+from .exchange import Exchange
+from .keys import LIFECYCLE
+from .metrics import route_label
+from .phase import SERVING
+
+WEIGHT_VERSION = "X-Weight-Version"
+# The version at the end, when it differs from the one the answer started with.
+WEIGHT_VERSION_END = "X-Weight-Version-End"
+_ABORT = b'"finish_reason":"abort"'  # vLLM's compact JSON, in bodies and SSE events alike
+
+
+@dataclass(slots=True)
+class Passage:
+    """One request's dealings with the lifecycle, read again when its answer goes out."""
+
+    plane: str
+    version: str | None = None
+    retry_after: int | None = None
+    unauthorized: bool = False
+
+
+PASSAGE = web.RequestKey("passage", Passage)
+
+
+@contextlib.asynccontextmanager
+async def passage(request: web.Request, ex: Exchange) -> AsyncIterator[None]:
+    """Around a request's forwarding: hold a data-plane one while the engine does not serve;
+    check a control-plane one's token, and track the phase it enters and leaves."""
+    kind = plane(request.method, request.path)
+    if kind is None:
+        yield
+        return
+    lifecycle = request.app[LIFECYCLE]
+    mark = request[PASSAGE] = Passage(kind, lifecycle.version)
+    try:
+        if kind == CONTROL:
+            lifecycle.authorize(request.headers.get("Authorization"))
+        else:
+            await lifecycle.admit(ex)
+    except SidecarFailure as failure:
+        mark.retry_after = failure.extra.get("retry_after")
+        mark.unauthorized = isinstance(failure, Unauthorized)
+        raise
+    if kind == CONTROL:
+        async with lifecycle.control_call(normalized(request.path), ex, request.query_string):
+            yield
+        return
+    mark.version = lifecycle.version
+    lifecycle.running += 1
+    try:
+        yield
+    finally:
+        lifecycle.running -= 1
+
+
+async def stamp(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: the headers a phase or the weight version adds to an answer."""
+    mark = request.get(PASSAGE)
+    if mark is None:
+        return
+    headers = response.headers
+    if mark.retry_after is not None:
+        headers["Retry-After"] = str(mark.retry_after)  # RFC 9110 section 10.2.3
+    if mark.unauthorized:
+        headers["WWW-Authenticate"] = 'Bearer realm="vllm-sidecar control plane"'
+    if mark.plane != DATA or mark.version is None:
+        return
+    lifecycle = request.app[LIFECYCLE]
+    headers[WEIGHT_VERSION] = mark.version
+    if lifecycle.version not in (None, mark.version):
+        headers[WEIGHT_VERSION_END] = str(lifecycle.version)
+    body = response.body if isinstance(response, web.Response) else None
+    # Only outside serving: no body is searched in steady state.
+    if lifecycle.phase != SERVING and isinstance(body, bytes) and _ABORT in body:
+        lifecycle.count_abort(route_label(request.path))
+
+
+def stream_ended(request: web.Request, *, aborted: bool) -> bytes:
+    """What to append to a data-plane SSE stream that ended as vLLM sent it.
+
+    Counts an abort (vLLM's `finish_reason: "abort"`, seen by the SSE watcher) and, when the
+    weight version changed while it ran (a `keep` pause around a weight update), appends a named
+    event after vLLM's `[DONE]`: SSE clients that listen for `weight_version` read it; the
+    openai SDK stops at `[DONE]` and never sees it.
+    """
+    mark = request.get(PASSAGE)
+    if mark is None or mark.plane != DATA:
+        return b""
+    lifecycle = request.app[LIFECYCLE]
+    if lifecycle.phase != SERVING and aborted:
+        lifecycle.count_abort(route_label(request.path))
+    if mark.version is None or lifecycle.version in (None, mark.version):
+        return b""
+    change = {"weight_version": lifecycle.version, "previous": mark.version}
+    return b"event: weight_version\ndata: " + orjson.dumps(change) + b"\n\n"
