@@ -131,10 +131,12 @@ class Settings(BaseSettings):
 
 def _one_line(exc: ValidationError) -> str:
     err = exc.errors()[0]
-    name = str(err["loc"][0]) if err["loc"] else "settings"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    if not err["loc"]:  # a rule across settings: its message names them
+        return f"vllm-sidecar: invalid settings: {err['msg']}{more}"
+    name = str(err["loc"][0])
     flag = "--" + name.replace("_", "-")
     env = "VLLM_SIDECAR_" + name.upper()
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return f"vllm-sidecar: invalid {flag} / {env}: {err['msg']} (got {err.get('input')!r}){more}"
 
 
