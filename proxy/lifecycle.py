@@ -139,7 +139,9 @@ class Lifecycle:
         if path not in phase.TRANSITIONS and path not in _VERSIONING:
             yield
             return
-        if path in ("/start_weight_update", "/start_draft_weight_update") and self.running:
+        # Requests running into an update outside any pause or sleep: that crashed vLLM.
+        unpaused = self.engine.base == SERVING and self.running
+        if path in ("/start_weight_update", "/start_draft_weight_update") and unpaused:
             self.metrics.unpaused_sync.inc(self.running)
             log.warning(
                 "%s with %d requests running: pause the engine before updating weights "
