@@ -12,7 +12,7 @@ from multidict import CIMultiDict
 from . import headers as hdrs
 from .errors import ShuttingDown, SidecarFailure
 from .exchange import CLIENT_CLOSED, Exchange
-from .gate import passage
+from .gate import passage, upstream_started
 from .inbound import StreamedBody, read_request
 from .keys import DISCOVERY, IN_FLIGHT, METRICS, SESSION, SETTINGS, UPSTREAM
 from .relay import (
@@ -85,6 +85,7 @@ async def _exchange(
             allow_redirects=False,
         ) as resp:
             app[METRICS].ttfb.labels(ex.route).observe(time.perf_counter() - sent)
+            upstream_started(request, resp)  # engine lifecycle: a stream a phase may stall
             try:
                 return await _reply(request, ex, resp)
             finally:

@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import aiohttp
 import orjson
 from aiohttp import web
 
@@ -15,6 +16,7 @@ from .exchange import Exchange
 from .keys import LIFECYCLE
 from .metrics import route_label
 from .phase import SERVING
+from .sse import is_event_stream
 
 WEIGHT_VERSION = "X-Weight-Version"
 # The version at the end, when it differs from the one the answer started with.
@@ -22,7 +24,7 @@ WEIGHT_VERSION_END = "X-Weight-Version-End"
 _ABORT = b'"finish_reason":"abort"'  # vLLM's compact JSON, in bodies and SSE events alike
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Passage:
     """One request's dealings with the lifecycle, read again when its answer goes out."""
 
@@ -64,6 +66,18 @@ async def passage(request: web.Request, ex: Exchange) -> AsyncIterator[None]:
         yield
     finally:
         lifecycle.running -= 1
+        lifecycle.stalls.discard(mark)
+
+
+def upstream_started(request: web.Request, resp: aiohttp.ClientResponse) -> None:
+    """vLLM answered: a data-plane stream is watched for a phase stalling it (see stalls.py)."""
+    mark = request.get(PASSAGE)
+    if (
+        mark is not None
+        and mark.plane == DATA
+        and is_event_stream(resp.headers.get("Content-Type"))
+    ):
+        request.app[LIFECYCLE].stalls.add(mark, route_label(request.path), resp)
 
 
 async def stamp(request: web.Request, response: web.StreamResponse) -> None:

@@ -20,6 +20,8 @@ from .errors import EnginePaused, EngineSleeping, SidecarFailure, Unauthorized, 
 from .exchange import Exchange
 from .metrics import EngineMetrics
 from .phase import SERVING, Engine
+from .stalls import MIN_QUIET, Stalls
+from .upstream import Interrupted
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ class Lifecycle:
         self.epoch = 0  # bumped on every change of state, so a probe can tell it is stale
         self._serving = asyncio.Event()
         self._serving.set()
+        self.stalls = Stalls()
         self._show_phase()
 
     @property
@@ -72,8 +75,10 @@ class Lifecycle:
             log.info("engine %s -> %s after %.1fs (%s)", old, engine.phase, took, why)
         if engine.phase == SERVING:
             self._serving.set()
-        else:
+            self.stalls.stop()
+        elif old == SERVING:
             self._serving.clear()
+            self.stalls.start(asyncio.get_running_loop().create_task(self._sweep()))
 
     def _show_phase(self) -> None:
         for name in phase.PHASES:
@@ -96,8 +101,10 @@ class Lifecycle:
         held_in = self.engine.phase
         if self.hold_timeout == 0 or self.held >= self.hold_queue:
             if self.hold_timeout == 0:
-                raise self.refusal(ex, "--phase-hold-timeout is 0: no request is held")
-            raise self.refusal(ex, f"{self.held} requests are held already (--phase-hold-queue)")
+                why = "--phase-hold-timeout is 0: no request is held"
+            else:
+                why = f"{self.held} requests are held already (--phase-hold-queue)"
+            raise self.refusal(ex.route, why)
         self.metrics.requests.labels(held_in, ex.route, "held").inc()
         self.held += 1
         self.metrics.held.inc()
@@ -106,21 +113,33 @@ class Lifecycle:
                 while self.engine.phase != SERVING:
                     await self._serving.wait()
         except TimeoutError:
-            raise self.refusal(ex, f"held {self.hold_timeout:g}s (--phase-hold-timeout)") from None
+            why = f"held {self.hold_timeout:g}s (--phase-hold-timeout)"
+            raise self.refusal(ex.route, why) from None
         finally:
             self.held -= 1
             self.metrics.held.dec()
 
-    def refusal(self, ex: Exchange, why: str) -> SidecarFailure:
+    def refusal(self, route: str, why: str, outcome: str = "refused") -> SidecarFailure:
+        """The failure for a request the current phase refused (or, `cut`, a stream it stalled)."""
         now = self.engine.phase
-        self.metrics.requests.labels(now, ex.route, "refused").inc()
+        self.metrics.requests.labels(now, route, outcome).inc()
         retry = self.durations.retry_after(now, self.elapsed())
-        failure = _REFUSALS[now](
-            f"The engine is {now.replace('_', ' ')} (for {self.elapsed():.1f}s); the request was"
-            f" not sent to it: {why}. Retry after {retry}s.",
+        what = "the request was not sent to it" if outcome == "refused" else "the stream was ended"
+        return _REFUSALS[now](
+            f"The engine is {now.replace('_', ' ')} (for {self.elapsed():.1f}s); {what}: {why}."
+            f" Retry after {retry}s.",
             retry_after=retry,
         )
-        return failure
+
+    async def _sweep(self) -> None:
+        """While the engine does not serve, end the streams that stay silent for the deadline."""
+        quiet = max(self.hold_timeout, MIN_QUIET)
+        while True:
+            before = self.stalls.quiet_since()
+            await asyncio.sleep(quiet)
+            for route, resp in self.stalls.stalled(before):
+                why = f"it received nothing for {quiet:g}s (--phase-hold-timeout)"
+                self.stalls.cut(resp, Interrupted(self.refusal(route, why, outcome="cut")))
 
     def count_abort(self, route: str) -> None:
         self.metrics.requests.labels(self.engine.phase, route, "aborted").inc()

@@ -61,3 +61,4 @@ async def reconciling(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         lifecycle.probe = None
+        lifecycle.stalls.stop()

@@ -280,3 +280,24 @@ async def test_control_token_guards_the_control_plane_only(
     good = await control(sidecar, "/pause", headers={"Authorization": "Bearer s3cret"})
     assert (good.status, phase_of(sidecar)) == (200, "paused")
     assert forwarded(fake, "/pause") == 1
+
+
+async def test_a_stream_a_phase_stalls_ends_with_the_phases_error_event(
+    upstream: TestServer, make_sidecar: MakeSidecar, fake: FakeVLLM
+) -> None:
+    sidecar = await make_sidecar(str(upstream.make_url("")), phase_hold_timeout=0.2)
+    fake.stream_events, fake.stream_delay = 6, 0.05
+    async with sidecar.client.post("/v1/completions", json=STREAM) as resp:
+        await resp.content.readuntil(b"\n\n")
+        await control(sidecar, "/pause?mode=keep")  # frozen inside vLLM, its headers sent
+        events = [e for e in (await asyncio.wait_for(resp.text(), 10)).split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert (error["reason"], error["code"], error["retryable"]) == ("engine_paused", 503, True)
+    assert "the stream was ended" in error["message"]
+    assert all('"choices"' in e for e in events[:-2])
+    await eventually(lambda: fake.cancelled == ["/v1/completions"])  # vLLM drops it
+    labels = {"phase": "paused", "route": "/v1/completions", "outcome": "cut"}
+    assert sidecar.metric(FAMILY, **labels) == 1
+    failures = {"route": "/v1/completions", "reason": "engine_paused", "status": "503"}
+    assert sidecar.metric("vllm_sidecar_failures_total", source="sidecar", **failures) == 1
