@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 
 from proxy.keys import LIFECYCLE
 from tests.conftest import MakeSidecar, Sidecar
-from tests.fake_vllm import FakeVLLM, respond
+from tests.fake_vllm import FakeVLLM, raw, respond
 from tests.support import eventually
 
 COMPLETION = {"model": "tiny-model", "prompt": "x"}
@@ -301,3 +301,33 @@ async def test_a_stream_a_phase_stalls_ends_with_the_phases_error_event(
     assert sidecar.metric(FAMILY, **labels) == 1
     failures = {"route": "/v1/completions", "reason": "engine_paused", "status": "503"}
     assert sidecar.metric("vllm_sidecar_failures_total", source="sidecar", **failures) == 1
+
+
+async def test_a_held_client_that_hangs_up_leaves_the_hold(
+    lifecycle: Sidecar, fake: FakeVLLM
+) -> None:
+    await control(lifecycle, "/pause")
+    held = asyncio.create_task(lifecycle.client.post("/v1/completions", json=COMPLETION))
+    await eventually(lambda: lifecycle.app[LIFECYCLE].held == 1)
+    held.cancel()
+    await eventually(lambda: lifecycle.app[LIFECYCLE].held == 0)
+    await eventually(
+        lambda: lifecycle.metric("vllm_sidecar_client_disconnects_total", route="/v1/completions")
+    )
+    assert lifecycle.metric("vllm_sidecar_held_requests") == 0
+    await control(lifecycle, "/resume")
+    assert forwarded(fake) == 0
+
+
+async def test_a_restarted_vllm_is_not_left_in_a_weight_sync(
+    lifecycle: Sidecar, fake: FakeVLLM
+) -> None:
+    await control(lifecycle, "/start_weight_update")
+    probes = forwarded(fake, "/is_paused")
+    # Probes that reach vLLM cannot end a sync: vLLM has no flag for one.
+    await eventually(lambda: forwarded(fake, "/is_paused") >= probes + 2)
+    assert phase_of(lifecycle) == "weight_sync"
+    # vLLM is unreachable for a probe (it restarts), then answers serving again.
+    fake.script("GET /is_paused", raw(b""), times=2)
+    await eventually(lambda: phase_of(lifecycle) == "serving")
+    assert (await lifecycle.client.post("/v1/completions", json=COMPLETION)).status == 200
