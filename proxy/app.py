@@ -23,8 +23,7 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     async with make_session(app[SETTINGS]) as session:
         app[SESSION] = session
         async with app[DISCOVERY].running(session):
-            interval = app[SETTINGS].health_interval
-            async with reconciling(app[LIFECYCLE], session, app[UPSTREAM], interval=interval):
+            async with reconciling(app[LIFECYCLE], session, app[UPSTREAM], app[SETTINGS]):
                 yield
 
 

@@ -331,3 +331,18 @@ async def test_a_restarted_vllm_is_not_left_in_a_weight_sync(
     fake.script("GET /is_paused", raw(b""), times=2)
     await eventually(lambda: phase_of(lifecycle) == "serving")
     assert (await lifecycle.client.post("/v1/completions", json=COMPLETION)).status == 200
+
+
+async def test_without_dev_mode_the_state_routes_are_asked_now_and_then(
+    upstream: TestServer, make_sidecar: MakeSidecar, fake: FakeVLLM
+) -> None:
+    for route in ("GET /is_paused", "GET /is_sleeping", "GET /weight_info"):
+        fake.script(route, fake.not_found, times=100)  # vLLM without VLLM_SERVER_DEV_MODE
+    sidecar = await make_sidecar(str(upstream.make_url("")), discovery_interval=3600)
+    checks = forwarded(fake, "/health")
+    await eventually(lambda: forwarded(fake, "/health") >= checks + 5)
+    assert forwarded(fake, "/is_paused") == 1
+    assert sidecar.app[LIFECYCLE].version is None
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    assert resp.status == 200
+    assert "X-Weight-Version" not in resp.headers
