@@ -14,6 +14,16 @@ from .upstream import UPSTREAM_ERRORS, target
 MAX_VERSION = 200  # characters of a weight version kept (a label value and a header)
 
 
+def clean_version(value: object) -> str:
+    """A weight version fit for a header and a label: printable ASCII, at most 200 characters.
+
+    vLLM takes any string from the trainer; a newline in it would make every answer's
+    X-Weight-Version header invalid.
+    """
+    text = str(value)[:MAX_VERSION]
+    return "".join(c if " " <= c <= "~" else "?" for c in text)
+
+
 class ProbeFailed(Exception):
     """vLLM could not be asked (down, restarting, or too slow)."""
 
@@ -57,4 +67,4 @@ class Probe:
 
     async def weight_version(self) -> str | None:
         value = await self._get("/weight_info", "weight_version")
-        return None if value is None else str(value)[:MAX_VERSION]
+        return None if value is None else clean_version(value)

@@ -133,6 +133,10 @@ def test_help_lists_every_setting() -> None:
         "--max-connections",
         "--shutdown-grace",
         "--log-format",
+        "--phase-hold-timeout",
+        "--phase-hold-queue",
+        "--control-token",
+        "--control-token-file",
     ):
         assert flag in out
 
