@@ -14,6 +14,7 @@ from .control import CONTROL, DATA, normalized, plane
 from .errors import SidecarFailure, Unauthorized
 from .exchange import Exchange
 from .keys import LIFECYCLE
+from .lifecycle import Lifecycle
 from .metrics import route_label
 from .phase import SERVING
 from .sse import is_event_stream
@@ -37,36 +38,56 @@ class Passage:
 PASSAGE = web.RequestKey("passage", Passage)
 
 
-@contextlib.asynccontextmanager
-async def passage(request: web.Request, ex: Exchange) -> AsyncIterator[None]:
+_UNTOUCHED = contextlib.nullcontext()  # reads, health, tokenize: the lifecycle has no say
+
+
+def passage(request: web.Request, ex: Exchange) -> contextlib.AbstractAsyncContextManager[None]:
     """Around a request's forwarding: hold a data-plane one while the engine does not serve;
     check a control-plane one's token, and track the phase it enters and leaves."""
     kind = plane(request.method, request.path)
     if kind is None:
-        yield
-        return
+        return _UNTOUCHED
     lifecycle = request.app[LIFECYCLE]
     mark = request[PASSAGE] = Passage(kind, lifecycle.version)
-    try:
-        if kind == CONTROL:
-            lifecycle.authorize(request.headers.get("Authorization"))
-        else:
-            await lifecycle.admit(ex)
-    except SidecarFailure as failure:
-        mark.retry_after = failure.extra.get("retry_after")
-        mark.unauthorized = isinstance(failure, Unauthorized)
-        raise
     if kind == CONTROL:
-        async with lifecycle.control_call(normalized(request.path), ex, request.query_string):
-            yield
-        return
-    mark.version = lifecycle.version
-    lifecycle.running += 1
+        return _control(request, ex, lifecycle, mark)
+    return _Data(ex, lifecycle, mark)
+
+
+@contextlib.asynccontextmanager
+async def _control(
+    request: web.Request, ex: Exchange, lifecycle: Lifecycle, mark: Passage
+) -> AsyncIterator[None]:
     try:
+        lifecycle.authorize(request.headers.get("Authorization"))
+    except Unauthorized:
+        mark.unauthorized = True
+        raise
+    async with lifecycle.control_call(normalized(request.path), ex, request.query_string):
         yield
-    finally:
-        lifecycle.running -= 1
-        lifecycle.stalls.discard(mark)
+
+
+class _Data:
+    """A data-plane request: held while the engine does not serve, then counted as running.
+    A class, not a generator: it is on every completion's path."""
+
+    __slots__ = ("ex", "lifecycle", "mark")
+
+    def __init__(self, ex: Exchange, lifecycle: Lifecycle, mark: Passage) -> None:
+        self.ex, self.lifecycle, self.mark = ex, lifecycle, mark
+
+    async def __aenter__(self) -> None:
+        try:
+            await self.lifecycle.admit(self.ex)
+        except SidecarFailure as failure:
+            self.mark.retry_after = failure.extra.get("retry_after")
+            raise
+        self.mark.version = self.lifecycle.version
+        self.lifecycle.running += 1
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.lifecycle.running -= 1
+        self.lifecycle.stalls.discard(self.mark)
 
 
 def upstream_started(request: web.Request, resp: aiohttp.ClientResponse) -> None:
