@@ -194,6 +194,7 @@ class FakeVLLM:
                 await asyncio.sleep(self.stream_delay)
                 if run.aborted:
                     return json_response(self._completion(model, chat, batch, "abort"))
+                await self.engine.admitted()  # a `keep` pause freezes it here
         if oov:
             msg = "Token id 5000 is out of vocabulary"
             return json_response(error_body(msg, "BadRequestError", None, 400), 400)

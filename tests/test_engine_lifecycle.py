@@ -346,3 +346,20 @@ async def test_without_dev_mode_the_state_routes_are_asked_now_and_then(
     resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
     assert resp.status == 200
     assert "X-Weight-Version" not in resp.headers
+
+
+async def test_an_answer_that_straddles_a_version_change_names_both(
+    lifecycle: Sidecar, fake: FakeVLLM
+) -> None:
+    fake.stream_events, fake.stream_delay = 6, 0.05
+    request = asyncio.create_task(lifecycle.client.post("/v1/completions", json=COMPLETION))
+    await eventually(lambda: forwarded(fake) == 1)
+    await control(lifecycle, "/pause?mode=keep")
+    await control(lifecycle, "/update_weight_version", json={"new_version": "v5"})
+    await control(lifecycle, "/resume")
+    resp = await asyncio.wait_for(request, 10)
+    assert resp.status == 200
+    assert (resp.headers["X-Weight-Version"], resp.headers["X-Weight-Version-End"]) == (
+        "default",
+        "v5",
+    )
