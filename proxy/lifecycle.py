@@ -173,8 +173,13 @@ class Lifecycle:
         sent, self.calls = self.engine, self.calls + 1
         try:
             yield
-        except BaseException:
-            self._revert(before, sent, path)
+        except asyncio.CancelledError:
+            # The caller hung up: vLLM may have acted on the call anyway. The entered phase
+            # stands (the safe side) until vLLM's own flags settle it.
+            log.warning("%s: the caller left before vLLM answered; phase %s kept", path, self.phase)
+            raise
+        except Exception:
+            self._revert(before, sent, path)  # vLLM was not reached, or broke off
             raise
         finally:
             self.calls -= 1

@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 
 from proxy.keys import LIFECYCLE
 from tests.conftest import MakeSidecar, Sidecar
-from tests.fake_vllm import FakeVLLM, raw, respond
+from tests.fake_vllm import FakeVLLM, hang, raw, respond
 from tests.support import eventually
 
 COMPLETION = {"model": "tiny-model", "prompt": "x"}
@@ -205,7 +205,23 @@ async def test_a_failed_control_call_reverts_the_phase(
     fake.script("POST /sleep", respond(400, "{}"))
     await control(lifecycle, "/sleep?level=3")
     assert phase_of(lifecycle) == "serving"
+    fake.script("POST /start_weight_update", raw(b""))  # the connection drops: 502
+    assert (await control(lifecycle, "/start_weight_update")).status == 502
+    assert phase_of(lifecycle) == "serving"
     assert gauge(lifecycle)["serving"] == 1
+
+
+async def test_a_control_call_whose_caller_left_is_settled_by_vllms_flags(
+    lifecycle: Sidecar, fake: FakeVLLM, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.script("POST /pause", hang())  # vLLM never answers, and never pauses
+    call = asyncio.create_task(lifecycle.client.post("/pause"))
+    await eventually(lambda: forwarded(fake, "/pause") == 1)
+    assert phase_of(lifecycle) == "paused"
+    with caplog.at_level(logging.WARNING, logger="proxy.lifecycle"):
+        call.cancel()
+        await eventually(lambda: "the caller left" in caplog.text)
+    await eventually(lambda: phase_of(lifecycle) == "serving")  # /is_paused says false
 
 
 async def test_a_partial_wake_up_keeps_the_engine_asleep(lifecycle: Sidecar) -> None:
