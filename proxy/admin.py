@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from .keys import CONNECTIONS, DISCOVERY, IN_FLIGHT, METRICS, SETTINGS
+from .keys import CONNECTIONS, DISCOVERY, IN_FLIGHT, LIFECYCLE, METRICS, SETTINGS
 
 PROXY = web.AppKey("proxy", web.Application)
 
@@ -36,6 +36,11 @@ async def drain(request: web.Request) -> web.Response:
     return web.json_response({"draining": True, "in_flight": left})
 
 
+async def engine(request: web.Request) -> web.Response:
+    """The engine's phase, since when, and its weight version (see docs/lifecycle.md)."""
+    return web.json_response(request.app[PROXY][LIFECYCLE].describe())
+
+
 def create_admin_app(proxy: web.Application) -> web.Application:
     """The admin application, reading the state of the proxy application it watches."""
     app = web.Application()
@@ -46,4 +51,5 @@ def create_admin_app(proxy: web.Application) -> web.Application:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/models", models)
     app.router.add_post("/drain", drain)
+    app.router.add_get("/engine", engine)
     return app

@@ -12,8 +12,21 @@ from .budget import Budget
 from .discovery import Discovery
 from .drain import InFlight
 from .forward import handle
-from .keys import BUDGET, CONNECTIONS, DISCOVERY, IN_FLIGHT, METRICS, SESSION, SETTINGS, UPSTREAM
+from .gate import stamp
+from .keys import (
+    BUDGET,
+    CONNECTIONS,
+    DISCOVERY,
+    IN_FLIGHT,
+    LIFECYCLE,
+    METRICS,
+    SESSION,
+    SETTINGS,
+    UPSTREAM,
+)
+from .lifecycle import Lifecycle
 from .metrics import Metrics
+from .reconcile import reconciling
 from .settings import Settings
 from .upstream import base_url, make_session
 
@@ -22,7 +35,8 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     async with make_session(app[SETTINGS]) as session:
         app[SESSION] = session
         async with app[DISCOVERY].running(session):
-            yield
+            async with reconciling(app[LIFECYCLE], session, app[UPSTREAM], app[SETTINGS]):
+                yield
 
 
 def create_app(settings: Settings, *, registry: CollectorRegistry | None = None) -> web.Application:
@@ -40,6 +54,13 @@ def create_app(settings: Settings, *, registry: CollectorRegistry | None = None)
         _limits(settings), metrics, in_flight, on_quiet=budget.trim
     )
     app.middlewares.append(connections.middleware(watch))
+    app[LIFECYCLE] = Lifecycle(
+        metrics.engine,
+        hold_timeout=settings.phase_hold_timeout,
+        hold_queue=settings.phase_hold_queue,
+        token=settings.control_secret(),
+    )
+    app.on_response_prepare.append(stamp)
     app.cleanup_ctx.append(_upstream_ctx)
     app.router.add_route("*", "/{tail:.*}", handle)
     return app

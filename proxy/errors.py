@@ -98,3 +98,32 @@ class BufferBudgetExhausted(SidecarFailure):
     reason = "buffer_budget_exhausted"
     status = 503
     retryable = True
+
+
+class EnginePaused(SidecarFailure):
+    """The engine stayed paused (`/pause`) past the hold deadline, or the hold queue was full."""
+
+    reason = "engine_paused"
+    status = 503
+    retryable = True
+
+
+class EngineSleeping(SidecarFailure):
+    reason = "engine_sleeping"
+    status = 503
+    retryable = True
+
+
+class WeightSync(SidecarFailure):
+    """Weights were being replaced: forwarding then is what crashes vLLM."""
+
+    reason = "weight_sync"
+    status = 503
+    retryable = True
+
+
+class Unauthorized(SidecarFailure):
+    """A control-plane call without the sidecar's control token (`--control-token`)."""
+
+    reason = "unauthorized"
+    status = 401

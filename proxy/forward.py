@@ -12,6 +12,7 @@ from multidict import CIMultiDict
 from . import headers as hdrs
 from .errors import ShuttingDown, SidecarFailure
 from .exchange import CLIENT_CLOSED, Exchange
+from .gate import passage, upstream_started
 from .inbound import StreamedBody, read_request
 from .keys import BUDGET, DISCOVERY, IN_FLIGHT, METRICS, SESSION, SETTINGS, UPSTREAM
 from .relay import (
@@ -60,8 +61,9 @@ async def _handle(request: web.Request, ex: Exchange) -> web.StreamResponse:
         if app[IN_FLIGHT].draining:
             raise ShuttingDown(_REFUSED)
         limit = app[SETTINGS].max_body_bytes
-        body = await read_request(request, ex, discovery, metrics, limit)
-        return await _exchange(request, ex, body)
+        async with passage(request, ex):  # engine lifecycle: hold, token, phase
+            body = await read_request(request, ex, discovery, metrics, limit)
+            return await _exchange(request, ex, body)
     except SidecarFailure as failure:
         return failure_response(ex, failure, metrics, discovery)
 
@@ -92,6 +94,7 @@ async def _exchange(
             allow_redirects=False,
         ) as resp:
             app[METRICS].ttfb.labels(ex.route).observe(time.perf_counter() - sent)
+            upstream_started(request, resp)  # engine lifecycle: a stream a phase may stall
             try:
                 return await _reply(request, ex, resp)
             finally:

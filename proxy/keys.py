@@ -10,6 +10,7 @@ from .budget import Budget
 from .connections import Watch
 from .discovery import Discovery
 from .drain import InFlight
+from .lifecycle import Lifecycle
 from .metrics import Metrics
 from .settings import Settings
 
@@ -21,3 +22,4 @@ UPSTREAM = web.AppKey("upstream", URL)
 IN_FLIGHT = web.AppKey("in_flight", InFlight)
 CONNECTIONS = web.AppKey("connections", Watch)
 BUDGET = web.AppKey("budget", Budget)
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)

@@ -20,7 +20,9 @@ KNOWN_ROUTES = frozenset(
         "/init_weight_transfer_engine /start_weight_update /finish_weight_update /update_weights "
         "/update_weight_version /weight_info /weight_checker /get_world_size "
         "/init_weight_update_communicator /update_weights_skyrl /destroy_weights_update_group "
-        "/kv_event_sources /is_scaling_elastic_ep /scale_elastic_ep"
+        "/kv_event_sources /is_scaling_elastic_ep /scale_elastic_ep /inference/v1/generate "
+        "/skyrl/v1/generate /start_draft_weight_update /shutdown_weight_transfer_engine "
+        "/fetch_weights"
     ).split()
 )
 METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
@@ -145,6 +147,7 @@ class Metrics:
             "Bodies the memory budget had no room for: a response streamed, a request refused.",
             registry=registry,
         )
+        self.engine = EngineMetrics(registry)
 
     def _counter(self, name: str, doc: str, labels: tuple[str, ...]) -> Family[Counter]:
         return Family(Counter(PREFIX + name, doc, labels, registry=self.registry))
@@ -152,4 +155,59 @@ class Metrics:
     def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Family[Histogram]:
         return Family(
             Histogram(PREFIX + name, doc, ("route",), buckets=buckets, registry=self.registry)
+        )
+
+
+# Phases last from seconds (a pause around a weight sync) to hours (a sleeping engine).
+PHASE_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 14400)
+
+
+class EngineMetrics:
+    """The engine lifecycle: phase, weight version, and what phases did to requests."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.phase = Gauge(
+            PREFIX + "engine_phase",
+            "1 for the engine's current phase (serving, paused, sleeping, weight_sync), else 0.",
+            ("phase",),
+            registry=registry,
+        )
+        # Not a Family: the old version's child is removed when the version changes.
+        self.weight_version = Gauge(
+            PREFIX + "weight_version_info",
+            "1, labelled with the weight version vLLM reports now (GET /weight_info).",
+            ("version",),
+            registry=registry,
+        )
+        self.weight_updates = Counter(
+            PREFIX + "weight_updates",
+            "Weight updates finished (a successful /finish_weight_update).",
+            registry=registry,
+        )
+        self.phase_duration = Family(
+            Histogram(
+                PREFIX + "engine_phase_duration_seconds",
+                "How long each phase lasted, observed when it ends.",
+                ("phase",),
+                buckets=PHASE_BUCKETS,
+                registry=registry,
+            )
+        )
+        self.requests = Family(
+            Counter(
+                PREFIX + "phase_requests",
+                "Data-plane requests a phase held, refused (503) or had vLLM abort, by route.",
+                ("phase", "route", "outcome"),
+                registry=registry,
+            )
+        )
+        self.held = Gauge(
+            PREFIX + "held_requests",
+            "Requests held now, waiting for the engine.",
+            registry=registry,
+        )
+        self.unpaused_sync = Counter(
+            PREFIX + "weight_update_running_requests",
+            "Requests running when a weight update started: a missing pause before the update.",
+            registry=registry,
         )

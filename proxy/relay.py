@@ -13,6 +13,7 @@ from . import envelope
 from .discovery import Discovery
 from .errors import ShuttingDown, SidecarFailure, UpstreamInvalidResponse
 from .exchange import CLIENT_CLOSED, Exchange
+from .gate import stream_ended
 from .headers import SIDECAR_ERROR, drop, response_headers
 from .inbound import model_info
 from .keys import IN_FLIGHT
@@ -164,6 +165,8 @@ async def stream_reply(
         await stream.end_with(failure, info)
     if stream.client_gone:
         return out
+    if sse and (tail := stream_ended(request, aborted=stream.aborted)):
+        await stream.write(tail)  # engine lifecycle: an abort counted, a weight-version change
     await out.write_eof()
     return out
 
@@ -215,6 +218,10 @@ class _Stream:
         sep = b"" if self.tail.endswith(b"\n\n") else b"\n\n"
         if await self.write(sep + envelope.sse_event(env)):
             await self.out.write_eof()
+
+    @property
+    def aborted(self) -> bool:
+        return self.watcher is not None and self.watcher.aborted
 
     def count_errors(self) -> None:
         """Count the error events seen since the last call, before they reach the client."""

@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliApp, NoDecode, SettingsConfigDict
 from yarl import URL
 
@@ -89,6 +89,16 @@ class Settings(BaseSettings):
     shutdown_grace: float = Field(
         25.0, ge=0, description="seconds in-flight requests get after SIGTERM"
     )
+    phase_hold_timeout: float = Field(
+        30.0, ge=0, description="seconds a request waits out a pause, sleep or weight sync (0: 503)"
+    )
+    phase_hold_queue: int = Field(
+        1024, ge=0, description="most requests held at once; more get 503 at once"
+    )
+    control_token: SecretStr | None = Field(
+        None, description="bearer token every control-plane call (pause, sleep, weights) needs"
+    )
+    control_token_file: str | None = Field(None, description="a file holding --control-token")
     access_log: bool = Field(True, description="one INFO line per request (logger proxy.access)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info")
     log_format: Literal["text", "json"] = Field("text")
@@ -125,13 +135,35 @@ class Settings(BaseSettings):
     def _none(cls, value: Any) -> Any:
         return None if isinstance(value, str) and value.lower() in ("", "none", "0") else value
 
+    @model_validator(mode="after")
+    def _token_file(self) -> Settings:
+        if self.control_token_file is None:
+            return self
+        if self.control_token is not None:
+            raise ValueError("set --control-token or --control-token-file, not both")
+        try:
+            with open(self.control_token_file, encoding="utf-8") as file:
+                token = file.read().strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read --control-token-file: {exc}") from None
+        if not token:
+            raise ValueError("--control-token-file is empty")
+        self.control_token = SecretStr(token)
+        return self
+
+    def control_secret(self) -> bytes | None:
+        token = self.control_token.get_secret_value() if self.control_token else ""
+        return token.encode() or None
+
 
 def _one_line(exc: ValidationError) -> str:
     err = exc.errors()[0]
-    name = str(err["loc"][0]) if err["loc"] else "settings"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    if not err["loc"]:  # a rule across settings: its message names them
+        return f"vllm-sidecar: invalid settings: {err['msg']}{more}"
+    name = str(err["loc"][0])
     flag = "--" + name.replace("_", "-")
     env = "VLLM_SIDECAR_" + name.upper()
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return f"vllm-sidecar: invalid {flag} / {env}: {err['msg']} (got {err.get('input')!r}){more}"
 
 

@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 
 _ERROR_MARK = b'"error"'
+_ABORT_MARK = b'"finish_reason":"abort"'  # vLLM's compact JSON: the engine aborted the request
 _MAX_TAIL = 1 << 20  # an event line longer than this cannot be an error event worth parsing
 
 
@@ -26,6 +27,7 @@ class ErrorWatcher:
     def __init__(self) -> None:
         self._tail = b""
         self.errors: list[Any] = []
+        self.aborted = False
 
     def take(self) -> list[Any]:
         """The error events found since the last call."""
@@ -37,6 +39,7 @@ class ErrorWatcher:
         data = self._tail + chunk if self._tail else chunk
         cut = data.rfind(b"\n") + 1
         self._tail = data[cut:] if len(data) - cut <= _MAX_TAIL else b""
+        self.aborted = self.aborted or _ABORT_MARK in data
         if _ERROR_MARK not in data[:cut]:
             return False
         for line in data[:cut].split(b"\n"):

@@ -135,8 +135,19 @@ def target(base: URL, raw_path_qs: str) -> URL:
     return URL(str(base).rstrip("/") + raw_path_qs, encoded=True)
 
 
+class Interrupted(aiohttp.ClientPayloadError):
+    """An upstream read the sidecar ended itself (a stream stuck in an engine phase); it carries
+    the failure the client is told."""
+
+    def __init__(self, failure: SidecarFailure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
 def classify(exc: BaseException, *, where: str) -> SidecarFailure:
     """A client-side exception from talking to the upstream -> the failure the client is told."""
+    if isinstance(exc, Interrupted):
+        return exc.failure
     if isinstance(exc, aiohttp.ConnectionTimeoutError) and _QUEUED.get():
         return UpstreamPoolExhausted(
             f"Every upstream connection (--max-connections) stayed busy {where}, past"
