@@ -59,6 +59,14 @@ class ModelAmbiguous(SidecarFailure):
     param = "model"
 
 
+class InvalidModel(SidecarFailure):
+    """A `model` value no served name could ever match (longer than any real one)."""
+
+    reason = "invalid_model"
+    status = 400
+    param = "model"
+
+
 class InvalidJSON(SidecarFailure):
     reason = "invalid_json"
     status = 400
