@@ -30,6 +30,7 @@ from .upstream import UPSTREAM_ERRORS, classify, target
 async def handle(request: web.Request) -> web.StreamResponse:
     metrics = request.app[METRICS]
     ex = Exchange(request.method, request.path, hdrs.request_id(request.headers))
+    ex.client_request_id = hdrs.refused_request_id(request.headers, ex.request_id)
     in_flight = metrics.in_flight.labels(ex.route)
     in_flight.inc()
     task = request.app[IN_FLIGHT].add()
