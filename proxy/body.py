@@ -159,6 +159,20 @@ def scan_model_in_head(head: bytes) -> Scan:
     return _field(head, *spans[0]) if spans else None
 
 
+# Python's json.loads (vLLM's reader) also takes UTF-16 and UTF-32, with or without a BOM, and a
+# UTF-8 BOM; the scan would find no `model` in them and forward, unresolved, a name vLLM reads.
+_BOMS = (b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")
+
+
+def _check_encoding(body: bytes) -> None:
+    head = body[:4]
+    if head.startswith(_BOMS) or b"\x00" in head:  # UTF-8 JSON has no NUL outside strings
+        raise InvalidJSON(
+            "The request body is UTF-16 or UTF-32 JSON, or starts with a byte-order mark: send "
+            "UTF-8 without one (RFC 8259 section 8.1)."
+        )
+
+
 def scan_model(body: bytes) -> Scan:
     """The top-level `model` of a JSON object body; None when there is no such key.
 
@@ -166,6 +180,7 @@ def scan_model(body: bytes) -> Scan:
     when it has more than one top-level `model` key (which one a server honours is undefined),
     and InvalidModel for a name longer than any served one.
     """
+    _check_encoding(body)
     try:
         spans = yield from _scan(body, first_only=False)
     except Malformed as exc:

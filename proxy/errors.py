@@ -27,6 +27,10 @@ class SidecarFailure(Exception):
         )
 
 
+class InternalError(SidecarFailure):
+    """An exception that is not a SidecarFailure: a bug, or a library failing unforeseen."""
+
+
 class UpstreamUnreachable(SidecarFailure):
     reason = "upstream_unreachable"
     status = 502

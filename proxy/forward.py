@@ -10,7 +10,8 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from . import headers as hdrs
-from .errors import ShuttingDown, SidecarFailure
+from .catchall import unexpected
+from .errors import InvalidRequest, ShuttingDown, SidecarFailure, UpstreamInvalidResponse
 from .exchange import CLIENT_CLOSED, Exchange
 from .inbound import StreamedBody, read_request
 from .keys import DISCOVERY, IN_FLIGHT, METRICS, SESSION, SETTINGS, UPSTREAM
@@ -55,11 +56,14 @@ async def _handle(request: web.Request, ex: Exchange) -> web.StreamResponse:
     app = request.app
     metrics, discovery = app[METRICS], app[DISCOVERY]
     try:
+        _check_target(request)
         limit = app[SETTINGS].max_body_bytes
         body = await read_request(request, ex, discovery, metrics, limit)
         return await _exchange(request, ex, body)
     except SidecarFailure as failure:
         return failure_response(ex, failure, metrics, discovery)
+    except Exception as exc:
+        return unexpected(request, ex, exc, metrics, discovery)
 
 
 def _origin_form(request: web.Request) -> str:
@@ -67,6 +71,15 @@ def _origin_form(request: web.Request) -> str:
     `GET http://host/path`) keeps only those: the request still goes to the upstream."""
     raw = request.raw_path
     return raw if raw.startswith("/") else request.rel_url.raw_path_qs
+
+
+def _check_target(request: web.Request) -> None:
+    """`OPTIONS *` and `CONNECT host:port` name no path to forward (RFC 9112 section 3.2)."""
+    if not _origin_form(request).startswith("/"):
+        raise InvalidRequest(
+            f"The request target `{request.raw_path[:100]}` is not a path: the sidecar forwards "
+            "origin-form (`/v1/...`) and absolute-form targets only."
+        )
 
 
 async def _exchange(
@@ -116,6 +129,11 @@ async def _reply(
     """The upstream's answer, relayed the way its kind needs."""
     app = request.app
     metrics, discovery = app[METRICS], app[DISCOVERY]
+    if resp.status == 101:  # the sidecar drops Upgrade (hop-by-hop): nobody asked to switch
+        raise UpstreamInvalidResponse(
+            f"The upstream answered 101 Switching Protocols for {ex.method} {ex.path}, which "
+            "asked for no protocol switch."
+        )
     if resp.status >= 400:
         return await error_reply(ex, resp, metrics, discovery, app[SETTINGS].error_body_bytes)
     length = resp.content_length

@@ -125,6 +125,11 @@ class Metrics:
         self.discoveries = self._counter(
             "discoveries", "Reads of the upstream's /v1/models, by outcome.", ("outcome",)
         )
+        self.background_errors = self._counter(
+            "background_errors",
+            "Rounds of the health or discovery loop that failed unexpectedly (and were survived).",
+            ("task",),
+        )
 
     def _counter(self, name: str, doc: str, labels: tuple[str, ...]) -> Family[Counter]:
         return Family(Counter(PREFIX + name, doc, labels, registry=self.registry))
