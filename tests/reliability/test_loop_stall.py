@@ -5,38 +5,48 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import pytest
 
 from tests.conftest import Sidecar
 from tests.fake_vllm import FakeVLLM, respond
 
-# Generous for a noisy shared 2-core machine; the stalls it catches were 3 to 26 s.
-STALL_BOUND = 0.2
+# Generous: on main these bodies held the loop for 0.3 to 1.5 s of CPU in one go (0.9 to 3.4 s
+# wall); sliced, the longest hold is 3 to 16 ms.
+STALL_BOUND = 0.1
 NOT_FOUND = (
     b'{"error":{"message":"The model does not exist.","type":"NotFoundError",'
     b'"param":"model","code":404}}'
 )
 
 
+@dataclass
+class Stalls:
+    wall: float = 0.0  # the longest gap between a sleep's due time and its wake-up
+    cpu: float = 0.0  # the most CPU the loop's thread spent within one such gap
+
+
 @asynccontextmanager
-async def stall_probe(tick: float = 0.002) -> AsyncIterator[Callable[[], float]]:
-    """Yields the longest gap seen so far between a sleep's due time and its wake-up."""
-    worst = 0.0
+async def stall_probe(tick: float = 0.002) -> AsyncIterator[Stalls]:
+    """Measures how long the loop goes without running a 2 ms sleeper. The CPU figure is what
+    the bound is on: it counts work done on the loop, not time the OS gave other processes
+    (this machine is shared, and wall-clock gaps of 100 ms happen under load anyway)."""
+    seen = Stalls()
 
     async def probe() -> None:
-        nonlocal worst
         while True:
-            due = time.perf_counter() + tick
+            due, cpu = time.perf_counter() + tick, time.thread_time()
             await asyncio.sleep(tick)
-            worst = max(worst, time.perf_counter() - due)
+            seen.wall = max(seen.wall, time.perf_counter() - due)
+            seen.cpu = max(seen.cpu, time.thread_time() - cpu)
 
     task = asyncio.create_task(probe())
     await asyncio.sleep(tick * 5)
     try:
-        yield lambda: worst
+        yield seen
     finally:
         task.cancel()
 
@@ -74,7 +84,7 @@ HOSTILE = {
     "tokens_before_model": (tokens_before_model(1_000_000), 404, "upstream_status"),
     "a_million_keys": (many_keys(1_000_000), 400, "invalid_request"),
     "escapes_before_model": (escapes_before_model(6_000_000), 404, "upstream_status"),
-    "long_model_name": (long_model(4_000_000), 400, "invalid_model"),
+    "long_model_name": (long_model(12_000_000), 400, "invalid_model"),
 }
 
 
@@ -86,7 +96,7 @@ async def test_hostile_body_does_not_stall_the_loop(
     # for suggestions when the name resolved to nothing.
     fake.script("POST /v1/completions", respond(404, NOT_FOUND))
     body, status, reason = HOSTILE[kind]
-    async with stall_probe() as worst:
+    async with stall_probe() as stalls:
         resp = await sidecar.client.post(
             "/v1/completions",
             data=chunks(body),
@@ -95,9 +105,11 @@ async def test_hostile_body_does_not_stall_the_loop(
         envelope = await resp.json()
         livez = await sidecar.admin.get("/livez")
         assert livez.status == 200
-        stall = worst()
-    print(f"{kind}: status {resp.status}, longest loop stall {stall * 1000:.1f} ms")
-    assert stall < STALL_BOUND, f"the loop stalled {stall:.3f} s on {kind}"
+    print(
+        f"{kind}: status {resp.status}, longest loop stall {stalls.wall * 1000:.1f} ms "
+        f"(CPU {stalls.cpu * 1000:.1f} ms)"
+    )
+    assert stalls.cpu < STALL_BOUND, f"the loop was held {stalls.cpu:.3f} s on {kind}"
     assert (resp.status, resp.headers["X-Sidecar-Error"]) == (status, reason)
     assert envelope["error"]["reason"] == reason
     assert (

@@ -185,3 +185,11 @@ def test_a_scan_past_its_slices_stops_and_keeps_a_model_it_found() -> None:
     assert done
     assert field is not None
     assert field.value == "m"
+
+
+@pytest.mark.parametrize("key", [b'"model"', b'"mod\\u0065l"'])
+def test_second_key_after_thousands_of_strings_is_found(key: bytes) -> None:
+    # Past a few thousand quotes the search for a second key changes strategy; it still finds it.
+    strings = b",".join(b'"s%d"' % i for i in range(10_000))
+    with pytest.raises(InvalidRequest):
+        find_model(b'{"model":"m","p":[' + strings + b"]," + key + b':"n"}')
