@@ -19,6 +19,7 @@ from .relay import (
     BUFFER_LIMIT,
     buffered_reply,
     checked_json_reply,
+    client_left,
     error_reply,
     failure_response,
     stream_reply,
@@ -102,6 +103,11 @@ async def _exchange(
             finally:
                 ex.upstream_time = time.perf_counter() - sent
     except UPSTREAM_ERRORS as exc:
+        if request.transport is None or request.transport.is_closing():
+            # The client's side broke (its upload of a streamed body, say): the upstream is
+            # not to blame, and nobody is left to answer.
+            client_left(ex, app[METRICS])
+            return web.Response()
         raise classify(exc, where=f"for {ex.method} {ex.path}") from exc
 
 

@@ -26,6 +26,13 @@ BUFFER_LIMIT = 16 * 1024 * 1024
 _ENTITY = ("Content-Length", "Content-Type", "Content-Encoding")
 
 
+def client_left(ex: Exchange, metrics: Metrics) -> None:
+    """Count a client that left before its answer was complete (status 499, nginx's)."""
+    metrics.disconnects.labels(ex.route).inc()
+    ex.reason = ex.reason or "client_disconnected"
+    ex.status = CLIENT_CLOSED
+
+
 def envelope_response(
     ex: Exchange, status: int, env: dict[str, object], headers: CIMultiDict[str] | None = None
 ) -> web.Response:
@@ -222,9 +229,7 @@ class _Stream:
             self._client_left()
 
     def _client_left(self) -> bool:
-        self.metrics.disconnects.labels(self.ex.route).inc()
-        self.ex.reason = self.ex.reason or "client_disconnected"
-        self.ex.status = CLIENT_CLOSED
+        client_left(self.ex, self.metrics)
         self.client_gone = True
         return False
 

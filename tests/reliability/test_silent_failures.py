@@ -112,6 +112,40 @@ async def test_client_reset_while_writing_is_a_disconnect_not_an_upstream_failur
         )
 
 
+async def test_client_reset_during_a_streamed_upload_is_a_disconnect(
+    uncancelled: tuple[int, CollectorRegistry],
+) -> None:
+    """A large body streams through to vLLM as it arrives; the client resets half way: the
+    upstream request fails, but the client is to blame (it was counted an upstream 502)."""
+    port, registry = uncancelled
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = b'{"model":"tiny-model","prompt":[' + b"1," * 40_000
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: s\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(head) + (3 << 20), head + b"1," * 100_000)
+    )
+    await writer.drain()
+    await asyncio.sleep(0.3)  # the head is on its way upstream, the rest never comes
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+    def metric(name: str, **labels: str) -> float:
+        return registry.get_sample_value(name, {"route": "/v1/completions", **labels}) or 0.0
+
+    await eventually(
+        lambda: metric("vllm_sidecar_requests_total", method="POST", status="499") == 1
+    )
+    assert metric("vllm_sidecar_client_disconnects_total") == 1
+    failed = metric(
+        "vllm_sidecar_failures_total",
+        source="sidecar",
+        reason="upstream_disconnected",
+        status="502",
+    )
+    assert failed == 0
+
+
 # -- (c) background loops that die ----------------------------------------------------------
 
 
