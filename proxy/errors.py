@@ -27,6 +27,10 @@ class SidecarFailure(Exception):
         )
 
 
+class InternalError(SidecarFailure):
+    """An exception that is not a SidecarFailure: a bug, or a library failing unforeseen."""
+
+
 class UpstreamUnreachable(SidecarFailure):
     reason = "upstream_unreachable"
     status = 502
@@ -55,6 +59,14 @@ class UpstreamInvalidResponse(SidecarFailure):
 
 class ModelAmbiguous(SidecarFailure):
     reason = "model_ambiguous"
+    status = 400
+    param = "model"
+
+
+class InvalidModel(SidecarFailure):
+    """A `model` value no served name could ever match (longer than any real one)."""
+
+    reason = "invalid_model"
     status = 400
     param = "model"
 

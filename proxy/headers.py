@@ -53,12 +53,23 @@ def _filtered(headers: MultiMapping[str], drop: frozenset[istr]) -> CIMultiDict[
     return out
 
 
+# A token of visible ASCII: it is logged, passed to vLLM (which builds its own ids from it) and
+# returned, so no spaces, quotes, backslashes or control characters.
+_SANE_REQUEST_ID = re.compile(r"[!#-\[\]-~]{1,200}")
+
+
 def request_id(headers: MultiMapping[str]) -> str:
     """The client's X-Request-Id when it sent a sane one, else a new one."""
     given = headers.get(REQUEST_ID, "")
-    if 0 < len(given) <= 200 and given.isprintable():
+    if _SANE_REQUEST_ID.fullmatch(given):
         return given
     return os.urandom(16).hex()
+
+
+def refused_request_id(headers: MultiMapping[str], rid: str) -> str | None:
+    """The X-Request-Id the client sent when `request_id` replaced it, for the log."""
+    given = headers.get(REQUEST_ID)
+    return given if given is not None and given != rid else None
 
 
 def upstream_request_headers(

@@ -148,6 +148,11 @@ class Metrics:
             registry=registry,
         )
         self.engine = EngineMetrics(registry)
+        self.background_errors = self._counter(
+            "background_errors",
+            "Rounds of the health or discovery loop that failed unexpectedly (and were survived).",
+            ("task",),
+        )
 
     def _counter(self, name: str, doc: str, labels: tuple[str, ...]) -> Family[Counter]:
         return Family(Counter(PREFIX + name, doc, labels, registry=self.registry))

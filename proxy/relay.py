@@ -27,6 +27,13 @@ BUFFER_LIMIT = 16 * 1024 * 1024
 _ENTITY = ("Content-Length", "Content-Type", "Content-Encoding")
 
 
+def client_left(ex: Exchange, metrics: Metrics) -> None:
+    """Count a client that left before its answer was complete (status 499, nginx's)."""
+    metrics.disconnects.labels(ex.route).inc()
+    ex.reason = ex.reason or "client_disconnected"
+    ex.status = CLIENT_CLOSED
+
+
 def envelope_response(
     ex: Exchange, status: int, env: dict[str, object], headers: CIMultiDict[str] | None = None
 ) -> web.Response:
@@ -146,8 +153,9 @@ async def stream_reply(
         drop(headers, ("Content-Length",))  # an error event may have to be appended
     out = web.StreamResponse(status=resp.status, headers=headers)
     ex.status = resp.status
-    await out.prepare(request)
     stream = _Stream(out, ex, metrics, ErrorWatcher() if sse else None)
+    if not await stream.start(request):
+        return out
     info = model_info(ex, discovery, suggest=False)
     try:
         failure = await stream.pump(resp)
@@ -167,7 +175,7 @@ async def stream_reply(
         return out
     if sse and (tail := stream_ended(request, aborted=stream.aborted)):
         await stream.write(tail)  # engine lifecycle: an abort counted, a weight-version change
-    await out.write_eof()
+    await stream.finish()
     return out
 
 
@@ -201,23 +209,40 @@ class _Stream:
             if not await self.write(chunk):
                 return None
 
+    # A ConnectionError from any write to the client (the headers, a chunk, the end) means the
+    # client left: it is counted as a disconnect, never as the upstream's failure, and no
+    # second response is attempted.
+    async def start(self, request: web.Request) -> bool:
+        try:
+            await self.out.prepare(request)
+        except ConnectionError:
+            return self._client_left()
+        return True
+
     async def write(self, data: bytes) -> bool:
         try:
             await self.out.write(data)
         except ConnectionError:
-            self.metrics.disconnects.labels(self.ex.route).inc()
-            self.ex.reason = self.ex.reason or "client_disconnected"
-            self.ex.status = CLIENT_CLOSED
-            self.client_gone = True
-            return False
+            return self._client_left()
         return True
+
+    async def finish(self) -> None:
+        try:
+            await self.out.write_eof()
+        except ConnectionError:
+            self._client_left()
+
+    def _client_left(self) -> bool:
+        client_left(self.ex, self.metrics)
+        self.client_gone = True
+        return False
 
     async def end_with(self, failure: SidecarFailure, info: envelope.ModelInfo | None) -> None:
         """One SSE error event and [DONE], after whatever event the upstream left unfinished."""
         env = envelope.from_failure(failure, request_id=self.ex.request_id, model=info)
         sep = b"" if self.tail.endswith(b"\n\n") else b"\n\n"
         if await self.write(sep + envelope.sse_event(env)):
-            await self.out.write_eof()
+            await self.finish()
 
     @property
     def aborted(self) -> bool:

@@ -79,7 +79,7 @@ class FakeVLLM:
     # -- the server ------------------------------------------------------------------------
     def app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 1024 * 1024)
-        app.router.add_route("*", "/{tail:.*}", self._dispatch)
+        app.router.add_route("*", r"/{tail:[\s\S]*}", self._dispatch)  # %0A too
         return app
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from multidict import CIMultiDict
 
 from proxy.headers import request_id, response_headers, upstream_request_headers
@@ -107,3 +108,16 @@ def test_x_real_ip_is_not_invented_without_a_peer() -> None:
     )
     assert "X-Real-IP" not in out
     assert out["Forwarded"] == "for=unknown;proto=https"
+
+
+@pytest.mark.parametrize("given", ["a b", "a\tb", 'a"b', "a\\b", "é", "x" * 201, ""])
+def test_request_id_that_is_not_a_token_is_replaced(given: str) -> None:
+    # It is logged, handed to vLLM and returned: spaces would forge log fields.
+    rid = request_id(CIMultiDict({"X-Request-Id": given}))
+    assert rid != given
+    assert len(rid) == 32
+
+
+@pytest.mark.parametrize("given", ["5f0c-9a", "req_01HV:trace/span+1=", "x" * 200, "[a]~!#$%&*"])
+def test_request_id_tokens_pass(given: str) -> None:
+    assert request_id(CIMultiDict({"X-Request-Id": given})) == given

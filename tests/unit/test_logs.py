@@ -6,7 +6,9 @@ import io
 import json
 import logging
 
-from proxy.logs import BufferedStreamHandler, JSONFormatter
+import pytest
+
+from proxy.logs import FIELD_CHARS, BufferedStreamHandler, JSONFormatter, text_field
 
 
 class CountingStream(io.StringIO):
@@ -46,3 +48,25 @@ def test_json_lines_carry_the_request_fields() -> None:
     assert (out["status"], out["request_id"], out["model_requested"]) == (200, "r1", "a/b")
     assert out["level"] == "info"
     assert out["ts"].endswith("Z")
+
+
+@pytest.mark.parametrize(
+    ("value", "logged"),
+    [
+        ("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B"),
+        ("a b", '"a b"'),
+        ("a\nb", '"a\\nb"'),
+        ("a\r\tb", '"a\\r\\tb"'),
+        ('a"b\\c', '"a\\"b\\\\c"'),
+        ("a\u2028b\x85c\x00", '"a\\u2028b\\x85c\\x00"'),
+        ("\udcff", '"\\udcff"'),  # a non-UTF-8 byte as aiohttp decodes it
+        ("", '""'),
+        ("日本語", "日本語"),
+    ],
+)
+def test_text_fields_cannot_start_a_line_or_a_field(value: str, logged: str) -> None:
+    assert text_field(value) == logged
+
+
+def test_long_fields_are_capped() -> None:
+    assert text_field("x" * 10_000) == "x" * FIELD_CHARS + "…"
