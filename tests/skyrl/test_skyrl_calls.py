@@ -83,6 +83,13 @@ def engine(url: str, tokenizer: Any, cls: type[Any] = SidecarInferenceEngine) ->
     return cls(url=url, model_name=HF_PATH, engine_backend="vllm", tokenizer=tokenizer)
 
 
+# The parent's request and ours, where they differ on purpose.
+QUERY_NOT_BODY = {
+    "sleep": (("/sleep", {"level": 2}), ("/sleep?level=2", None)),
+    "wake_up": (("/wake_up", {"tags": ["weights"]}), ("/wake_up?tags=weights", None)),
+}
+
+
 def ok() -> Any:
     """What SkyRL's own vLLM server answers on its control routes."""
     return respond(200, json.dumps({"status": "ok"}))
@@ -115,6 +122,9 @@ async def test_every_call_sends_the_parents_request_and_returns_what_the_parent_
     if name == "teardown":
         # Deliberate: the parent posts no body, which SkyRL's server cannot parse.
         assert (stock, ours) == (("/destroy_weights_update_group", None), (stock[0], {}))
+    elif name in QUERY_NOT_BODY:
+        # Deliberate: vLLM 0.32 reads these from the query and ignores the parent's body.
+        assert (stock, ours) == QUERY_NOT_BODY[name]
     else:
         assert ours == stock
     if isinstance(result, dict):
