@@ -18,6 +18,7 @@ from .relay import (
     BUFFER_LIMIT,
     buffered_reply,
     checked_json_reply,
+    chunked_json_read,
     error_reply,
     failure_response,
     stream_reply,
@@ -121,6 +122,6 @@ async def _reply(
     sse = is_event_stream(resp.headers.get("Content-Type"))
     if not sse and length is not None and length <= BUFFER_LIMIT:
         return await buffered_reply(ex, resp)
-    if unframed_json(resp):
+    if unframed_json(resp) or chunked_json_read(resp):
         return await checked_json_reply(ex, resp)
     return await stream_reply(request, ex, resp, metrics, discovery)
