@@ -2,52 +2,22 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from proxy.skyrl import SidecarError, SidecarInferenceClient
 from tests.conftest import MakeSidecar, Sidecar
-from tests.e2e._processes import ROOT, running
-from tests.e2e._servers import VLLM_VENV, TinyModel, VllmServer
+from tests.skyrl.dev_vllm import DevVllm, dev_vllm
 from tests.skyrl04.conftest import companion, stock, url
 
 pytestmark = pytest.mark.vllm
 
 
-class DevVllm(VllmServer):
-    """vLLM with its dev routes (pause, sleep, ...) and `--enable-scale-out`, without which
-    vLLM 0.32 answers /inference/v1/generate with 403."""
-
-    def _env(self) -> dict[str, str]:
-        return {**super()._env(), "VLLM_SERVER_DEV_MODE": "1"}
-
-    @property  # type: ignore[override]
-    def argv(self) -> list[str]:
-        return self._argv
-
-    @argv.setter
-    def argv(self, value: list[str]) -> None:
-        extra = ["--enable-scale-out"] if value else []
-        self._argv = [*value, *extra]
-
-
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevVllm]:
-    done = subprocess.run(
-        [str(VLLM_VENV / "bin/python"), str(ROOT / "scripts/tiny_model.py")],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=600,
-    )
-    model = TinyModel(Path(done.stdout.strip().splitlines()[-1]))
-    server = DevVllm(model.path, tmp_path_factory.mktemp("vllm04"), served_model_name=model.name)
-    server.hf_path = model.hf_path  # type: ignore[attr-defined]
-    with running(server):
+    with dev_vllm(tmp_path_factory.mktemp("vllm04")) as server:
         yield server
 
 
