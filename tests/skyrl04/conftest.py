@@ -8,8 +8,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
+import orjson
 import pytest
 from aiohttp import web
+from skyrl.backends.skyrl_train.inference_servers.generate_wire import pack_routed_experts
 from skyrl.backends.skyrl_train.inference_servers.remote_inference_client import (
     RemoteInferenceClient,
 )
@@ -48,6 +51,17 @@ async def generate(request: web.Request) -> web.Response:
     return json_response({"request_id": "gen-1", "choices": choices, "model": payload["model"]})
 
 
+async def packed_generate(request: web.Request) -> web.Response:
+    """SkyRL's own server's /skyrl/v1/generate: routed experts packed as SkyRL packs them."""
+    payload = json.loads(await request.read())
+    experts = pack_routed_experts(np.zeros((2, 1, 2), dtype=np.int32))
+    choice = {"index": 0, "token_ids": [7, 8], "finish_reason": "length", "routed_experts": experts}
+    return web.Response(
+        body=orjson.dumps({"choices": [choice], "model": payload["model"]}),
+        content_type="application/json",
+    )
+
+
 async def detokenize(request: web.Request) -> web.Response:
     return json_response({"prompt": " fox"})
 
@@ -62,7 +76,7 @@ def fake() -> FakeVLLM:
     fake = FakeVLLM(served=[(SERVED, HF_PATH), (LORA, "/tmp/adapters/skyrl-lora")])
     for key, handler in (
         ("POST /inference/v1/generate", generate),
-        ("POST /skyrl/v1/generate", generate),
+        ("POST /skyrl/v1/generate", packed_generate),
         ("POST /detokenize", detokenize),
         ("POST /v1/chat/completions/render", render),
     ):

@@ -25,6 +25,12 @@ DATA_PLANE: dict[str, tuple[str, Call]] = {
         "/inference/v1/generate",
         lambda c: c.generate({"prompt_token_ids": [[1, 2, 3]], "sampling_params": {}}),
     ),
+    "sample": (
+        "/inference/v1/generate",
+        lambda c: c.sample(
+            {"json": {"prompt": {"chunks": [{"tokens": [1, 2]}]}, "num_samples": 2}}
+        ),
+    ),
     "completion": ("/v1/completions", lambda c: c.completion({"json": {"prompt": "the"}})),
     "chat_completion": (
         "/v1/chat/completions",
@@ -52,12 +58,37 @@ async def test_the_hf_path_reaches_vllm_as_its_served_name(
     await client.teardown()
 
 
+@pytest.mark.parametrize("kind", ["stock", "companion"])
+async def test_the_packed_route_reaches_vllm_as_its_served_name(
+    kind: str, fake: FakeVLLM, sidecar: Sidecar
+) -> None:
+    make = stock if kind == "stock" else companion
+    client = make(url(sidecar))
+    client.enable_return_routed_experts = True
+    out = await client.generate({"prompt_token_ids": [[1, 2]], "sampling_params": {}})
+    assert out["rollout_expert_indices"][0].shape == (2, 1, 2)
+    assert fake.last("/skyrl/v1/generate").json()["model"] == SERVED
+    await client.teardown()
+
+
+async def test_the_packed_route_raises_on_an_unknown_model(
+    fake: FakeVLLM, sidecar: Sidecar
+) -> None:
+    fake.scripts.pop("POST /skyrl/v1/generate")  # vLLM's own 404 for a name it does not serve
+    client = companion(url(sidecar), model="Qwen/Qwen3-8B", enable_return_routed_experts=True)
+    with pytest.raises(SidecarError) as caught:
+        await client.generate({"prompt_token_ids": [[1, 2]], "sampling_params": {}})
+    assert caught.value.status == 404
+    assert SERVED in str(caught.value)
+    await client.teardown()
+
+
 @pytest.mark.parametrize("name", list(DATA_PLANE))
 async def test_an_unknown_model_raises_naming_the_served_names(
     name: str, fake: FakeVLLM, sidecar: Sidecar
 ) -> None:
     route, call = DATA_PLANE[name]
-    if name in ("generate", "detokenize", "render_chat_completion"):
+    if name in ("generate", "sample", "detokenize", "render_chat_completion"):
         fake.scripts.pop(f"POST {route}")  # the fake's own handler checks the model
     client = companion(url(sidecar), model="Qwen/Qwen3-8B")
     with pytest.raises(SidecarError) as caught:
