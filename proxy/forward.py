@@ -20,6 +20,7 @@ from .relay import (
     BUFFER_LIMIT,
     buffered_reply,
     checked_json_reply,
+    chunked_json_read,
     client_left,
     error_reply,
     failure_response,
@@ -159,6 +160,6 @@ async def _reply(
     # Read whole only within the memory budget; past it the answer streams, with backpressure.
     if not sse and length is not None and length <= BUFFER_LIMIT and app[BUDGET].held(length):
         return await buffered_reply(ex, resp)
-    if unframed_json(resp):
+    if unframed_json(resp) or chunked_json_read(resp):
         return await checked_json_reply(ex, resp)
     return await stream_reply(request, ex, resp, metrics, discovery)

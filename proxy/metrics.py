@@ -6,7 +6,7 @@ from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-# vLLM 0.32's routes (default and dev mode) and SkyRL's weight-sync routes; anything else is
+# vLLM 0.32's routes (default and dev mode) and SkyRL's (0.2 and 0.4) routes; anything else is
 # counted as `other` so that a client cannot mint label values.
 KNOWN_ROUTES = frozenset(
     (
@@ -20,9 +20,11 @@ KNOWN_ROUTES = frozenset(
         "/init_weight_transfer_engine /start_weight_update /finish_weight_update /update_weights "
         "/update_weight_version /weight_info /weight_checker /get_world_size "
         "/init_weight_update_communicator /update_weights_skyrl /destroy_weights_update_group "
-        "/kv_event_sources /is_scaling_elastic_ep /scale_elastic_ep /inference/v1/generate "
-        "/skyrl/v1/generate /start_draft_weight_update /shutdown_weight_transfer_engine "
-        "/fetch_weights"
+        "/kv_event_sources /is_scaling_elastic_ep /scale_elastic_ep "
+        "/start_draft_weight_update /shutdown_weight_transfer_engine /fetch_weights "
+        # vLLM's scale-out routes (`--enable-scale-out`) and SkyRL 0.4's RemoteInferenceClient.
+        "/inference/v1/generate /v1/chat/completions/render /v1/completions/render "
+        "/skyrl/v1/generate /skyrl/v1/load_lora_adapter /finish_session"
     ).split()
 )
 METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))

@@ -120,6 +120,17 @@ def unframed_json(resp: aiohttp.ClientResponse) -> bool:
     )
 
 
+def chunked_json_read(resp: aiohttp.ClientResponse) -> bool:
+    """A chunked JSON answer to a GET (`/get_world_size`, `/is_sleeping`): relayed with a
+    Content-Length, because SkyRL 0.4's control plane reads no body without one."""
+    return (
+        resp.method == "GET"
+        and resp.status < 300
+        and "chunked" in resp.headers.get("Transfer-Encoding", "").lower()
+        and "json" in resp.headers.get("Content-Type", "").lower()
+    )
+
+
 async def checked_json_reply(ex: Exchange, resp: aiohttp.ClientResponse) -> web.Response:
     """An unframed JSON body, read whole and relayed only when it parses: a cut one is a 502."""
     body, over = await _read_capped(resp, BUFFER_LIMIT)
