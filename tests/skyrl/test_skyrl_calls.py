@@ -14,8 +14,8 @@ from skyrl.backends.skyrl_train.inference_engines.remote_inference_engine import
 from skyrl.backends.skyrl_train.weight_sync import BroadcastInitInfo, BroadcastWeightUpdateRequest
 
 from proxy.skyrl import SidecarError, SidecarInferenceEngine
-from tests.conftest import MakeSidecar, Sidecar
 from tests.fake_vllm import FakeVLLM, error_body, respond
+from tests.sidecar import MakeSidecar, Sidecar
 from tests.skyrl.conftest import HF_PATH, SERVED, hostport
 from tests.skyrl.seed import SEED_PROMPTS
 
