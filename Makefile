@@ -7,7 +7,7 @@ SKYRL04_BIN := .venv-skyrl04/bin
 PORT ?= 8080
 UPSTREAM ?= http://127.0.0.1:8000
 
-.PHONY: run demo test test-env lint unit bench clean
+.PHONY: run demo test test-env lint unit mutate bench clean
 
 ## Install the sidecar and run it in front of UPSTREAM (default http://127.0.0.1:8000).
 run: $(BIN)/vllm-sidecar
@@ -37,6 +37,13 @@ test: test-env lint
 ## Fast loop for development: no real vLLM.
 unit:
 	$(BIN)/pytest -m "not vllm"
+
+## Mutation testing of the pure modules by the unit tests (minutes; not in CI): docs/testing.md.
+mutate:
+	$(BIN)/pip install -q mutmut==3.8.1
+	rm -rf mutants
+	$(BIN)/mutmut run
+	$(BIN)/mutmut results
 
 ## Benchmarks against the peers (about 8 minutes; peers install on first use).
 bench: $(BIN)/vllm-sidecar

@@ -2,61 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
 from proxy.admin import create_admin_app
 from proxy.app import create_app
-from proxy.keys import DISCOVERY
 from proxy.settings import Settings
 from tests.fake_vllm import FakeVLLM
-from tests.support import free_port, wait_http_ok
+from tests.processes import SidecarProcess
+from tests.sidecar import MakeSidecar, Sidecar, StartSidecar
 
 # tests/skyrl04 needs skyrl 0.4, hence Python 3.12: `make test` runs it in .venv-skyrl04.
 collect_ignore = [] if sys.version_info >= (3, 12) else ["skyrl04"]
-
-
-@dataclass
-class Sidecar:
-    client: TestClient[web.Request, web.Application]
-    admin: TestClient[web.Request, web.Application]
-    app: web.Application
-    registry: CollectorRegistry
-
-    def metric(self, name: str, **labels: str) -> float:
-        return self.registry.get_sample_value(name, labels) or 0.0
-
-    async def wait_ready(self, within: float = 5.0) -> None:
-        discovery = self.app[DISCOVERY]
-        for _ in range(int(within / 0.01)):
-            if discovery.readiness()[0]:
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError(f"sidecar not ready: {discovery.readiness()[1]}")
-
-
-MakeSidecar = Callable[..., Awaitable[Sidecar]]
-
-
-async def raw_http(client: TestClient[web.Request, web.Application], request: bytes) -> bytes:
-    """Send exact request bytes (no client-side URL normalization); return the raw response."""
-    assert client.port is not None
-    reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
-    try:
-        writer.write(request)
-        await writer.drain()
-        return await asyncio.wait_for(reader.read(), 10)  # the requests send Connection: close
-    finally:
-        writer.close()
 
 
 @pytest.fixture
@@ -93,30 +56,19 @@ async def sidecar(upstream: TestServer, make_sidecar: MakeSidecar) -> Sidecar:
     return await make_sidecar(str(upstream.make_url("")))
 
 
-StartSidecar = Callable[..., Any]
-
-
-def _spawn(*args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "proxy", *args])
-
-
 @pytest.fixture
-async def start_sidecar() -> AsyncIterator[StartSidecar]:
-    """The real `python -m proxy` process (the production runner), ready, on free ports."""
-    procs: list[subprocess.Popen[bytes]] = []
+async def start_sidecar(tmp_path: Path) -> AsyncIterator[StartSidecar]:
+    """The real `python -m proxy` process (the production runner), ready, on free ports, in its
+    own process group with its log under the test's tmp_path."""
+    started: list[SidecarProcess] = []
 
-    async def start(upstream: str, *args: str) -> tuple[subprocess.Popen[bytes], str]:
-        port, admin = free_port(), free_port()
-        proc = _spawn(
-            "--upstream-url", upstream, "--host", "127.0.0.1", "--port", str(port),
-            "--admin-port", str(admin), "--health-interval", "0.1", *args,
-        )  # fmt: skip
-        procs.append(proc)
-        await wait_http_ok(f"http://127.0.0.1:{admin}/readyz")
-        return proc, f"http://127.0.0.1:{port}"
+    async def start(upstream: str, *args: str) -> tuple[Any, str]:
+        process = SidecarProcess(upstream, tmp_path, "--health-interval", "0.1", *args)
+        started.append(process)
+        await process.start_serving()
+        assert process.proc is not None
+        return process.proc, process.url
 
     yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
+    for process in started:
+        process.kill()

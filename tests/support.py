@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import socket
-from collections.abc import Callable
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 
@@ -17,24 +21,85 @@ def free_port() -> int:
         return port
 
 
-async def eventually(predicate: Callable[[], object], within: float = 10.0) -> None:
-    """Poll `predicate` until it holds; the deadline only turns a hang into a clear failure."""
-    for _ in range(int(within / 0.02)):
-        if predicate():
+Check = Callable[[], object]
+
+
+async def eventually(
+    check: Callable[[], object | Awaitable[object]],
+    what: str = "the condition",
+    within: float = 10.0,
+    every: float = 0.02,
+) -> None:
+    """Poll `check` (plain or async) until it holds.
+
+    The deadline only turns a hang into a clear failure; it asserts no speed. An OSError from
+    `check` counts as "not yet" (a server still starting); any other exception propagates at
+    once (a process that died).
+    """
+    end = time.monotonic() + within
+    while True:
+        try:
+            result = check()
+            if inspect.isawaitable(result):
+                result = await result
+        except OSError:
+            result = False
+        if result:
             return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"condition not reached within {within} s")
+        if time.monotonic() > end:
+            raise AssertionError(f"not reached within {within} s: {what}")
+        await asyncio.sleep(every)
 
 
-async def wait_http_ok(url: str, within: float = 15.0) -> None:
-    """Poll `url` until it answers 200 (a server process that is still starting)."""
-    async with aiohttp.ClientSession() as session:
-        for _ in range(int(within / 0.05)):
+def wait_until(check: Check, what: str = "the condition", within: float = 30.0) -> None:
+    """`eventually` for code outside an event loop (process fixtures, the deployment tests)."""
+    end = time.monotonic() + within
+    while not _holds(check):
+        if time.monotonic() > end:
+            raise AssertionError(f"not reached within {within} s: {what}")
+        time.sleep(0.1)
+
+
+def _holds(check: Check) -> bool:
+    try:
+        return bool(check())
+    except OSError:
+        return False
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    """The status `url` answers with, or None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (OSError, ValueError):
+        return None
+
+
+async def refuses_connections(url: str) -> bool:
+    """Whether nothing listens at `url` any more (a server that closed its listener)."""
+    try:
+        async with aiohttp.ClientSession() as session, session.get(url):
+            return False
+    except aiohttp.ClientConnectorError:
+        return True
+
+
+async def wait_http_ok(url: str, within: float = 15.0, alive: Check = lambda: True) -> None:
+    """Poll `url` until it answers 200 (a server process that is still starting).
+
+    `alive` is asked first each round; it raises to end the wait early (the process exited).
+    """
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+
+        async def ok() -> bool:
+            alive()
             try:
                 async with session.get(url) as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    raise AssertionError(f"{url} did not answer 200 within {within} s")
+                    return resp.status == 200
+            except (aiohttp.ClientError, TimeoutError):
+                return False
+
+        await eventually(ok, f"{url} answers 200", within, every=0.05)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from aiohttp.test_utils import TestServer
 
-from tests.conftest import MakeSidecar
 from tests.fake_vllm import FakeVLLM, respond
-from tests.test_failures import assert_envelope, failures
+from tests.sidecar import MakeSidecar, assert_envelope, failures
 
 
 async def test_request_body_past_the_budget_gets_a_retryable_503(

@@ -14,10 +14,8 @@ import aiohttp
 import yaml
 from aiohttp.test_utils import TestServer
 
-from tests.conftest import StartSidecar
 from tests.fake_vllm import FakeVLLM, hang, respond, slow, sse_forever
-from tests.reliability.test_client_faults import admin_of
-from tests.test_lifecycle import read_events
+from tests.sidecar import StartSidecar, admin_of, read_events
 
 COMPLETION = {"model": "tiny-model", "prompt": "x"}
 DEPLOYMENT = Path(__file__).parent.parent / "deploy" / "kubernetes" / "deployment.yaml"

@@ -13,8 +13,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.keys import LIFECYCLE
-from tests.conftest import MakeSidecar, Sidecar
 from tests.fake_vllm import FakeVLLM, hang, raw, respond
+from tests.sidecar import MakeSidecar, Sidecar
 from tests.support import eventually
 
 COMPLETION = {"model": "tiny-model", "prompt": "x"}

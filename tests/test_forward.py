@@ -12,8 +12,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from proxy.keys import DISCOVERY
-from tests.conftest import MakeSidecar, Sidecar, raw_http
 from tests.fake_vllm import FakeVLLM, respond, sse_chunk, start_sse
+from tests.sidecar import MakeSidecar, Sidecar, raw_http
 
 pytestmark = pytest.mark.usefixtures("upstream")
 

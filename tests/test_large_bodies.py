@@ -11,8 +11,8 @@ from typing import Any
 from aiohttp import web
 
 from proxy.inbound import HEAD_BYTES, STREAM_FROM
-from tests.conftest import MakeSidecar, Sidecar
 from tests.fake_vllm import FakeVLLM, json_response
+from tests.sidecar import MakeSidecar, Sidecar
 
 IDS = json.dumps([[i % 50000 for i in range(200_000)]]).encode()  # ~1.3 MB of token ids
 

@@ -1,23 +1,20 @@
-"""Real processes for the deployment tests: the `vllm-sidecar` CLI, a fake vLLM, ports, polling."""
+"""Real processes for the deployment tests: the `vllm-sidecar` CLI configured as deployed."""
 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from tests.processes import ManagedProcess
 from tests.support import free_port
 
-from ._support import KUBERNETES, REPO, kustomize_build
+from ._support import KUBERNETES, kustomize_build
 
 # What the fake vLLM serves, and what it says the model was loaded from (its `root`), as with
 # `vllm serve Qwen/Qwen2.5-0.5B-Instruct --served-model-name Qwen2.5-0.5B-Instruct`.
@@ -33,37 +30,6 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return error.code, error.read()
 
 
-def wait_until(what: str, check: Callable[[], bool], deadline: float = 30.0) -> None:
-    """Poll `check` until it holds; a deadline only turns a hang into a clear failure."""
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        try:
-            if check():
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-@dataclass
-class Process:
-    popen: subprocess.Popen[bytes]
-    log: Path
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-
 @dataclass
 class Stack:
     """A fake vLLM and the sidecar in front of it, each a real process on real ports."""
@@ -71,8 +37,8 @@ class Stack:
     vllm_port: int
     port: int
     admin_port: int
-    vllm: Process
-    sidecar: Process
+    vllm: ManagedProcess
+    sidecar: ManagedProcess
     env: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -98,18 +64,16 @@ def manifest_env() -> dict[str, str]:
     return {item["name"]: item["value"] for item in sidecar["env"] if "value" in item}
 
 
-def spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> Process:
-    handle = log.open("wb")
-    popen = subprocess.Popen(
-        args, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-    )
-    handle.close()
-    return Process(popen, log)
+def spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> ManagedProcess:
+    """Start `args` in its own process group, output to `log`, environment on top of ours."""
+    process = ManagedProcess(Path(args[0]).name, args, {**os.environ, **(env or {})}, log)
+    process.spawn()
+    return process
 
 
 def start_sidecar(
     upstream_port: int, logs: Path, **extra_env: str
-) -> tuple[Process, dict[str, str]]:
+) -> tuple[ManagedProcess, dict[str, str]]:
     """The real CLI, configured by the Deployment's environment with test ports swapped in."""
     port, admin_port = free_port(), free_port()
     env = {
@@ -123,12 +87,5 @@ def start_sidecar(
         **extra_env,
     }
     process = spawn([sidecar_command()], logs / f"sidecar-{port}.log", env)
-    admin = f"http://127.0.0.1:{admin_port}"
-
-    def live() -> bool:
-        if process.popen.poll() is not None:
-            raise AssertionError(f"vllm-sidecar exited:\n{process.output()}")
-        return http_get(admin + "/livez")[0] == 200
-
-    wait_until("the sidecar's /livez", live)
+    process.wait_until(f"http://127.0.0.1:{admin_port}/livez", deadline_s=30)
     return process, env

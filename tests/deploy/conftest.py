@@ -7,17 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from ._processes import (
-    ROOT,
-    SERVED,
-    Process,
-    Stack,
-    free_port,
-    http_get,
-    spawn,
-    start_sidecar,
-    wait_until,
-)
+from tests.processes import ManagedProcess
+from tests.support import free_port
+
+from ._processes import ROOT, SERVED, Stack, spawn, start_sidecar
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +31,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         ],
         logs / "fake-vllm.log",
     )
-    sidecar: Process | None = None
+    sidecar: ManagedProcess | None = None
     try:
         sidecar, env = start_sidecar(vllm_port, logs)
         admin_port = int(env["VLLM_SIDECAR_ADMIN_PORT"])
-        wait_until(
-            "the sidecar's /readyz",
-            lambda: http_get(f"http://127.0.0.1:{admin_port}/readyz")[0] == 200,
-        )
+        sidecar.wait_until(f"http://127.0.0.1:{admin_port}/readyz", deadline_s=30)
         yield Stack(vllm_port, int(env["VLLM_SIDECAR_PORT"]), admin_port, vllm, sidecar, env)
     finally:
         if sidecar is not None:

@@ -15,8 +15,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.settings import Settings
+from tests.support import free_port
 
-from ._processes import Stack, free_port, http_get, start_sidecar
+from ._processes import Stack, http_get, start_sidecar
 from ._support import (
     DOCKERFILE,
     KUBERNETES,

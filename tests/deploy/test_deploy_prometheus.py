@@ -14,22 +14,17 @@ from typing import Any
 import pytest
 import yaml
 
-from ._processes import (
-    SERVED,
-    Process,
-    Stack,
-    free_port,
-    http_get,
-    spawn,
-    wait_until,
-)
+from tests.processes import ManagedProcess
+from tests.support import free_port, wait_until
+
+from ._processes import SERVED, Stack, http_get, spawn
 from ._support import ALERTS, SCRAPE_CONFIG, dashboard, dashboard_queries, substitute, tool
 
 
 @dataclass
 class Prometheus:
     url: str
-    process: Process
+    process: ManagedProcess
 
     def api(self, path: str, **params: str) -> Any:
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
@@ -84,11 +79,7 @@ def prometheus(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     )
     server = Prometheus(f"http://127.0.0.1:{port}", process)
     try:
-        wait_until(
-            "Prometheus to start",
-            lambda: http_get(server.url + "/-/ready")[0] == 200,
-            deadline=60,
-        )
+        process.wait_until(server.url + "/-/ready", deadline_s=60)
         yield server
     finally:
         process.stop()
@@ -121,12 +112,12 @@ def test_prometheus_scrapes_the_sidecar_with_the_shipped_config(prometheus: Prom
         targets = prometheus.api("targets")["activeTargets"]
         return any(t["labels"]["job"] == "vllm-sidecar" and t["health"] == "up" for t in targets)
 
-    wait_until("the sidecar target to be up", sidecar_up)
+    wait_until(sidecar_up, "the sidecar target to be up")
     # The selector of the VllmSidecarDown alert matches the compose job...
     [series] = prometheus.query('up{job=~"(.+/)?vllm-sidecar"}')
     assert series["value"][1] == "1"
     # ...and the upstream is seen up.
-    wait_until("upstream_up == 1", lambda: scraped(prometheus, "vllm_sidecar_upstream_up", 1))
+    wait_until(lambda: scraped(prometheus, "vllm_sidecar_upstream_up", 1), "upstream_up == 1")
 
 
 def test_every_dashboard_query_runs_on_a_real_prometheus(prometheus: Prometheus) -> None:
@@ -158,9 +149,9 @@ def test_dashboard_shows_traffic_and_failures_by_reason(
     # scraped all of a round before going on.
     failures = "sum(vllm_sidecar_failures_total)"
     traffic()
-    wait_until("the first round to be scraped", lambda: scraped(prometheus, failures, 2))
+    wait_until(lambda: scraped(prometheus, failures, 2), "the first round to be scraped")
     traffic()
-    wait_until("the second round to be scraped", lambda: scraped(prometheus, failures, 4))
+    wait_until(lambda: scraped(prometheus, failures, 4), "the second round to be scraped")
 
     by_reason = prometheus.query(panel_query("Failures by source and reason"))
     rates = {
@@ -195,7 +186,7 @@ def test_dashboard_shows_traffic_and_failures_by_reason(
             and alerts.get("VllmSidecarFailureRatioHigh") == "pending"
         )
 
-    wait_until("the failure alerts", alerting)
+    wait_until(alerting, "the failure alerts")
     assert "VllmSidecarUpstreamDown" not in prometheus.alerts()
     # Every rule evaluates cleanly (no many-to-many matching or other runtime error).
     for group in prometheus.api("rules")["groups"]:
@@ -207,10 +198,10 @@ def test_upstream_down_alert_goes_pending_when_vllm_stops(
     stack: Stack, prometheus: Prometheus
 ) -> None:
     stack.vllm.stop()
-    wait_until("upstream_up == 0", lambda: not scraped(prometheus, "vllm_sidecar_upstream_up", 1))
+    wait_until(lambda: not scraped(prometheus, "vllm_sidecar_upstream_up", 1), "upstream_up == 0")
     [series] = prometheus.query(panel_query("Upstream up"))
     assert series["value"][1] == "0"
     wait_until(
-        "VllmSidecarUpstreamDown",
         lambda: prometheus.alerts().get("VllmSidecarUpstreamDown") == "pending",
+        "VllmSidecarUpstreamDown",
     )

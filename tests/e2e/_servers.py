@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.processes import ROOT, ManagedProcess, SidecarProcess
 from tests.support import free_port
 
-from ._processes import ROOT, ManagedProcess
+__all__ = ["VLLM_VENV", "SidecarProcess", "TinyModel", "VllmServer"]
 
 VLLM_VENV = Path(os.environ.get("VLLM_VENV", ROOT / ".venv-vllm"))
 
@@ -112,39 +112,3 @@ class VllmServer(ManagedProcess):
         if served_model_name is not None:
             self.served_model_name = served_model_name
         self.start()
-
-
-class SidecarProcess(ManagedProcess):
-    """The sidecar, started through its CLI (`python -m proxy`) in the test venv."""
-
-    def __init__(self, upstream_url: str, run_dir: Path, *extra_args: str) -> None:
-        self.port = free_port()
-        self.admin_port = free_port()
-        argv = [
-            os.environ.get("SIDECAR_PYTHON", sys.executable),
-            "-m",
-            "proxy",
-            "--upstream-url",
-            upstream_url,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--admin-port",
-            str(self.admin_port),
-            *extra_args,
-        ]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_SIDECAR_")}
-        super().__init__("sidecar", argv, env, run_dir / f"sidecar-{self.port}.log")
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def admin_url(self) -> str:
-        return f"http://127.0.0.1:{self.admin_port}"
-
-    def start(self) -> None:
-        super().start()
-        self.wait_until(f"{self.admin_url}/readyz", deadline_s=60)

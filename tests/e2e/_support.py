@@ -1,15 +1,13 @@
-"""Small helpers for the end-to-end tests: SSE events, Prometheus samples, bounded waits."""
+"""Small helpers for the end-to-end tests: SSE events and Prometheus samples."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import orjson
-from prometheus_client.parser import text_string_to_metric_families
+
+from tests.metrics import Samples
 
 DONE = "[DONE]"
 
@@ -45,21 +43,4 @@ async def metric(http: aiohttp.ClientSession, url: str, name: str, **labels: str
     """The sum of the samples called `name` whose labels include `labels`, read from `url`."""
     async with http.get(url) as resp:
         assert resp.status == 200
-        text = await resp.text()
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and labels.items() <= sample.labels.items():
-                total += sample.value
-    return total
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]], what: str, deadline_s: float = 60.0
-) -> None:
-    """Poll `check` until it holds; the deadline only bounds a hang, it asserts no speed."""
-    end = time.monotonic() + deadline_s
-    while not await check():
-        if time.monotonic() > end:
-            raise AssertionError(f"never happened within {deadline_s} s: {what}")
-        await asyncio.sleep(0.2)
+        return Samples.parse(await resp.text()).total(name, labels)

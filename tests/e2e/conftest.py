@@ -15,7 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from ._processes import ROOT, running
+from tests.processes import ROOT, running
+
 from ._servers import VLLM_VENV, SidecarProcess, TinyModel, VllmServer
 
 

@@ -6,14 +6,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.support import free_port
-
-from ._processes import ROOT, processes_with_args
+from tests.processes import ROOT, processes_with_args
+from tests.support import free_port, wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -78,10 +76,7 @@ def test_interrupted_demo_stops_what_it_started(ports: dict[str, str]) -> None:
         for line in proc.stdout:
             if "Starting vLLM" in line:
                 break
-        deadline = time.monotonic() + 60
-        while not processes_with_args("--port", ports["VLLM_PORT"]):
-            assert time.monotonic() < deadline, "vLLM never started"
-            time.sleep(0.1)
+        wait_until(lambda: processes_with_args("--port", ports["VLLM_PORT"]), "vLLM starts", 60)
         os.kill(proc.pid, signal.SIGINT)  # the script alone, as `timeout -s INT` would
         out, _ = proc.communicate(timeout=120)
     finally:

@@ -16,9 +16,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from ._processes import running
+from tests.processes import running
+from tests.support import eventually
+
 from ._servers import SidecarProcess, TinyModel, VllmServer
-from ._support import DONE, eventually, metric, sse_data
+from ._support import DONE, metric, sse_data
 
 pytestmark = pytest.mark.vllm
 
@@ -88,7 +90,7 @@ async def serving(
         async def both_serving() -> bool:
             return all([(await engine(http, s))["phase"] == "serving" for s in (guarded, strict)])
 
-        await eventually(both_serving, "both sidecars see the engine serving")
+        await eventually(both_serving, "both sidecars see the engine serving", within=60.0)
 
     await reset()
     yield
@@ -134,7 +136,7 @@ async def test_a_new_request_is_held_and_completes_after_the_engine_is_back(
     async def held() -> bool:
         return (await engine(http, guarded))["held_requests"] == 1
 
-    await eventually(held, "the request is held by the sidecar")
+    await eventually(held, "the request is held by the sidecar", within=60.0)
     await control(http, guarded, leave)
     assert await phase_gauge(http, guarded) == "serving"
     async with await asyncio.wait_for(request, 60) as resp:

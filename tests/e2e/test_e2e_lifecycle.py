@@ -16,9 +16,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from ._processes import running
+from tests.processes import running
+from tests.support import eventually
+
 from ._servers import SidecarProcess, TinyModel, VllmServer
-from ._support import DONE, eventually, metric, sse_data
+from ._support import DONE, metric, sse_data
 
 pytestmark = pytest.mark.vllm
 
@@ -90,7 +92,7 @@ async def test_client_hang_up_aborts_the_generation_in_vllm(
     async def vllm_idle() -> bool:
         return await vllm_metric(http, vllm_up, "vllm:num_requests_running") == 0
 
-    await eventually(vllm_idle, "vLLM has no running request")
+    await eventually(vllm_idle, "vLLM has no running request", within=60)
     # Idle, yet the request neither finished nor generated all it was asked for: it was aborted.
     assert await vllm_metric(http, vllm_up, "vllm:request_success_total") == finished
     stopped_at = await vllm_metric(http, vllm_up, "vllm:generation_tokens_total") - generated
@@ -103,12 +105,12 @@ async def test_client_hang_up_aborts_the_generation_in_vllm(
             for line in vllm_up.log_tail(200_000).splitlines()
         )
 
-    await eventually(vllm_logged_abort, "vLLM logs the abort of this very request")
+    await eventually(vllm_logged_abort, "vLLM logs the abort of this very request", within=60)
 
     async def sidecar_counted() -> bool:
         return await metric(http, *disconnects, route="/v1/completions") == hung_up + 1
 
-    await eventually(sidecar_counted, "the sidecar counts the client's disconnect")
+    await eventually(sidecar_counted, "the sidecar counts the client's disconnect", within=60)
 
 
 async def test_vllm_killed_mid_stream_ends_in_an_error_event(
@@ -160,7 +162,7 @@ async def test_vllm_down_gives_502_and_not_ready(
         async with http.get(f"{sidecar.admin_url}/readyz") as resp:
             return resp.status == 503
 
-    await eventually(not_ready, "/readyz turns 503")
+    await eventually(not_ready, "/readyz turns 503", within=60)
     async with http.get(f"{sidecar.admin_url}/readyz") as resp:
         readiness = await resp.json()
     assert readiness["ready"] is False
@@ -181,7 +183,7 @@ async def test_restart_under_another_name_is_learned_without_restarting_the_side
         async with http.get(f"{sidecar.admin_url}/readyz") as resp:
             return resp.status == 200 and (await resp.json())["served"] == [RENAMED]
 
-    await eventually(learned, f"the sidecar is ready and knows {RENAMED}")
+    await eventually(learned, f"the sidecar is ready and knows {RENAMED}", within=60)
     for name in (tiny_model.hf_path, tiny_model.name, str(tiny_model.path)):
         payload = {"model": name, "prompt": [1, 2], "max_tokens": 1}
         async with http.post(f"{sidecar.url}/v1/completions", json=payload) as resp:

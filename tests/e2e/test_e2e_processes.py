@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from ._processes import ManagedProcess, group_members, running
+from tests.processes import ManagedProcess, group_members, running
+from tests.support import wait_until
 
 # A parent that forks a child into its group and maps a shared-memory file, like vLLM's API
 # server with its engine core; `ignore_term` makes it shrug off SIGTERM, like a stuck worker.
@@ -28,9 +28,7 @@ time.sleep(600)
 def start_tree(tmp_path: Path, mode: str) -> tuple[ManagedProcess, Path]:
     proc = ManagedProcess("tree", [sys.executable, "-c", TREE, mode], {}, tmp_path / "tree.log")
     proc.start()
-    deadline = time.monotonic() + 30
-    while not proc.log_tail().strip() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: proc.log_tail().strip(), "the tree prints its shm name", 30)
     shm_name = proc.log_tail().split()[0]
     shm = Path("/dev/shm") / shm_name
     assert shm.exists()
@@ -82,7 +80,7 @@ def test_a_killed_test_run_takes_its_processes_along(tmp_path: Path) -> None:
 import sys
 sys.path.insert(0, {root!r})
 from pathlib import Path
-from tests.e2e._processes import ManagedProcess
+from tests.processes import ManagedProcess
 proc = ManagedProcess("sleep", ["sleep", "600"], {{"PATH": "/usr/bin:/bin"}}, Path({log!r}))
 proc.start()
 print(proc.proc.pid, flush=True)
@@ -95,7 +93,4 @@ sys.stdin.read()
         pgid = int(parent.stdout.readline())
         assert group_members(pgid) != []
         parent.kill()
-    deadline = time.monotonic() + 30
-    while group_members(pgid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert group_members(pgid) == []
+    wait_until(lambda: not group_members(pgid), "the orphaned group is gone", 30)

@@ -3,41 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
 
 import aiohttp
 from aiohttp.test_utils import TestServer
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Sidecar, StartSidecar
 from tests.fake_vllm import FakeVLLM, Firehose, sse_forever
+from tests.metrics import sample, scrape
 from tests.reliability.conftest import rss_bytes
+from tests.sidecar import Sidecar, StartSidecar, admin_of
 from tests.support import eventually
 
 STREAM = {"model": "org/tiny-model", "prompt": "x", "stream": True}
 MiB = 1 << 20
-
-
-async def scrape(admin_url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """The production sidecar's metrics, from its admin port."""
-    async with aiohttp.ClientSession() as session, session.get(f"{admin_url}/metrics") as resp:
-        text = await resp.text()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def sample(
-    metrics: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
-) -> float:
-    return metrics.get((name, frozenset(labels.items())), 0.0)
-
-
-def admin_of(proc: subprocess.Popen[bytes]) -> str:
-    args = list(proc.args)  # type: ignore[arg-type]
-    return f"http://127.0.0.1:{args[args.index('--admin-port') + 1]}"
 
 
 async def wait_metric(sidecar: Sidecar, name: str, value: float, **labels: str) -> None:
@@ -86,7 +63,12 @@ async def test_production_hang_up_before_the_body_and_mid_stream(
         b"Content-Length: 1000\r\n\r\n" + b'{"model": "tiny-model", "pro'
     )
     await writer.drain()
-    await asyncio.sleep(0.2)
+    admin, route = admin_of(proc), {"route": "/v1/completions"}
+
+    async def in_flight() -> float:
+        return sample(await scrape(admin), "vllm_sidecar_in_flight_requests", **route)
+
+    await eventually(lambda: in_flight(), "the sidecar holds the partial request")
     writer.close()
     fake.script("POST /v1/completions", sse_forever(delay=0.02))
     async with aiohttp.ClientSession() as session:
@@ -95,14 +77,13 @@ async def test_production_hang_up_before_the_body_and_mid_stream(
         resp.close()
     await eventually(lambda: fake.cancelled == ["/v1/completions"])
     assert sum(1 for r in fake.requests if r.raw_path == "/v1/completions") == 1
-    route = {"route": "/v1/completions"}
-    for _ in range(100):
-        metrics = await scrape(admin_of(proc))
-        if sample(metrics, "vllm_sidecar_client_disconnects_total", **route) == 2:
-            break
-        await asyncio.sleep(0.05)
-    assert sample(metrics, "vllm_sidecar_client_disconnects_total", **route) == 2
-    assert sample(metrics, "vllm_sidecar_in_flight_requests", **route) == 0
+
+    async def both_counted() -> bool:
+        metrics = await scrape(admin)
+        return sample(metrics, "vllm_sidecar_client_disconnects_total", **route) == 2
+
+    await eventually(both_counted, "both hang-ups counted")
+    assert await in_flight() == 0
 
 
 async def test_slow_reader_is_not_buffered(
@@ -116,10 +97,13 @@ async def test_slow_reader_is_not_buffered(
     async with aiohttp.ClientSession() as session:
         resp = await session.post(f"{url}/v1/completions", json=STREAM)
         got = len(await resp.content.readexactly(64 * 1024))
-        last = -1
-        while fire.sent != last:  # until the upstream is held back
-            last = fire.sent
-            await asyncio.sleep(0.5)
+        last = [-1]
+
+        def held_back() -> bool:  # the upstream sent nothing more in the last half second
+            steady, last[0] = fire.sent == last[0], fire.sent
+            return steady
+
+        await eventually(held_back, "the upstream is held back", within=60, every=0.5)
         held, rss_held = fire.sent, rss_bytes(proc.pid)
         print(
             f"held at {held / MiB:.1f} MiB sent, rss {rss_before / MiB:.1f} -> {rss_held / MiB:.1f}"

@@ -16,10 +16,10 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from tests.conftest import StartSidecar
 from tests.fake_vllm import FakeVLLM, Firehose
+from tests.metrics import sample, scrape
 from tests.reliability.conftest import fd_count
-from tests.reliability.test_client_faults import admin_of, sample, scrape
+from tests.sidecar import StartSidecar, admin_of
 
 MiB = 1 << 20
 FAST = (

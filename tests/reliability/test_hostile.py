@@ -9,9 +9,8 @@ import json
 import pytest
 from aiohttp.test_utils import TestServer
 
-from tests.conftest import MakeSidecar, Sidecar, raw_http
 from tests.fake_vllm import FakeVLLM, respond
-from tests.test_failures import failures
+from tests.sidecar import MakeSidecar, Sidecar, failures, raw_http
 
 # vLLM's answer to a body its request model rejects (shape from vllm-samples/f5_max_tokens_type).
 VLLM_422 = (

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from proxy.logs import JSONFormatter
-from tests.conftest import Sidecar
+from tests.sidecar import Sidecar
 
 FIELD_CHARS = 256  # what the log keeps of a client-sent value (proxy.logs.FIELD_CHARS)
 FORGED_LINE = "\n2026-11-30 12:00:00,000 INFO proxy.access: POST /v1/completions 200 1.0ms"

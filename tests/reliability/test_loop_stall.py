@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.conftest import Sidecar
 from tests.fake_vllm import FakeVLLM, respond
+from tests.sidecar import Sidecar
 
 # Generous: on main these bodies held the loop for 0.3 to 1.5 s of CPU in one go (0.9 to 3.4 s
 # wall); sliced, the longest hold is 3 to 16 ms.

@@ -17,10 +17,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from tests.conftest import StartSidecar
 from tests.fake_vllm import FakeVLLM
+from tests.metrics import sample, scrape
 from tests.reliability.conftest import rss_bytes
-from tests.reliability.test_client_faults import admin_of, sample, scrape
+from tests.sidecar import StartSidecar, admin_of
 
 pytestmark = pytest.mark.slow
 

@@ -16,10 +16,9 @@ from prometheus_client import CollectorRegistry
 from proxy.app import create_app
 from proxy.keys import DISCOVERY, SESSION
 from proxy.settings import Settings
-from tests.conftest import MakeSidecar, Sidecar, raw_http
 from tests.fake_vllm import FakeVLLM, raw, start_sse
+from tests.sidecar import MakeSidecar, Sidecar, failures, raw_http
 from tests.support import eventually, free_port
-from tests.test_failures import failures
 
 
 def status_of(reply: bytes) -> int:

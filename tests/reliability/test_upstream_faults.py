@@ -1,7 +1,8 @@
 """Upstream faults not covered elsewhere: the client's exact answer, and the metric counting it.
 
-Refused connections, read timeouts, a FIN before the headers, HTML 500s, stream drops and vLLM's
-in-stream error event are in tests/test_failures.py and tests/test_forward.py.
+Refused connections, read timeouts, a FIN before the headers, a cut JSON body, a reply that is not
+HTTP, HTML and empty error bodies, error bodies past the limit, stream drops and vLLM's in-stream
+error event are in tests/test_failures.py and tests/test_forward.py.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from tests.conftest import MakeSidecar, Sidecar
 from tests.fake_vllm import FakeVLLM, raw, reset, respond, sse_chunk, sse_then_reset, start_sse
-from tests.test_failures import COMPLETION, assert_envelope, failures
+from tests.sidecar import COMPLETION, MakeSidecar, Sidecar, assert_envelope, failures
 
 STREAM = {**COMPLETION, "stream": True}
 
@@ -87,14 +87,6 @@ async def test_reset_mid_body_is_502(sidecar: Sidecar, fake: FakeVLLM) -> None:
     assert requests_total(sidecar, "502") == 1
 
 
-async def test_cut_json_with_content_length_is_counted(sidecar: Sidecar, fake: FakeVLLM) -> None:
-    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n"
-    fake.script("POST /v1/completions", raw(head + b'{"id": "cmpl-1", "choi'))
-    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
-    await assert_envelope(resp, 502, "upstream_disconnected")
-    assert failures(sidecar, "upstream_disconnected", "502") == 1
-
-
 async def test_half_json_without_content_length_is_502(sidecar: Sidecar, fake: FakeVLLM) -> None:
     # No Content-Length and no chunking: the body ends when the connection closes (RFC 9112
     # section 6.3), so a crash half way looks like a complete body to the HTTP layer.
@@ -146,22 +138,6 @@ async def test_reset_mid_sse_ends_with_an_error_event(sidecar: Sidecar, fake: Fa
     assert failures(sidecar, "upstream_disconnected", "502") == 1
 
 
-async def test_not_http_is_counted(sidecar: Sidecar, fake: FakeVLLM) -> None:
-    fake.script("POST /v1/completions", raw(b"\x00\x01garbage\r\n\r\n"))
-    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
-    await assert_envelope(resp, 502, "upstream_invalid_response")
-    assert failures(sidecar, "upstream_invalid_response", "502") == 1
-
-
-async def test_503_empty_body_is_counted(sidecar: Sidecar, fake: FakeVLLM) -> None:
-    fake.script("POST /v1/completions", respond(503, b""))
-    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
-    err = await assert_envelope(resp, 503, "upstream_status")
-    assert err["upstream"]["body"] == ""  # type: ignore[index]
-    assert err["retryable"] is True
-    assert failures(sidecar, "upstream_status", "503", source="upstream") == 1
-
-
 async def test_gzip_html_error_body_is_decoded_and_counted(
     sidecar: Sidecar, fake: FakeVLLM
 ) -> None:
@@ -172,7 +148,7 @@ async def test_gzip_html_error_body_is_decoded_and_counted(
     )
     resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
     err = await assert_envelope(resp, 502, "upstream_status")
-    assert err["upstream"]["body"] == page.decode()  # type: ignore[index]
+    assert err["upstream"]["body"] == page.decode()
     assert "502 Bad Gateway (nginx)" in str(err["message"])
     assert failures(sidecar, "upstream_status", "502", source="upstream") == 1
 
@@ -186,21 +162,8 @@ async def test_non_utf8_header_bytes_still_get_an_envelope(
     )
     resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
     err = await assert_envelope(resp, 500, "upstream_status")
-    assert err["upstream"]["content_type"] == "text/??"  # type: ignore[index]
-    assert err["upstream"]["body"] == "ab"  # type: ignore[index]
-    assert failures(sidecar, "upstream_status", "500", source="upstream") == 1
-
-
-async def test_10mb_error_body_is_cut_at_the_default_limit(
-    sidecar: Sidecar, fake: FakeVLLM
-) -> None:
-    fake.script("POST /v1/completions", respond(500, b"E" * 10_000_000, "text/plain"))
-    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
-    err = await assert_envelope(resp, 500, "upstream_status")
-    up = err["upstream"]
-    assert up["body_truncated"] is True  # type: ignore[index]
-    assert up["body"] == "E" * (1 << 20)  # type: ignore[index]
-    assert len(await resp.read()) < 2 << 20
+    assert err["upstream"]["content_type"] == "text/??"
+    assert err["upstream"]["body"] == "ab"
     assert failures(sidecar, "upstream_status", "500", source="upstream") == 1
 
 
@@ -230,17 +193,6 @@ async def test_trickle_is_relayed_event_by_event_without_timing_out(
         assert json.loads(event.removeprefix(b"data: "))["choices"][0]["text"] == f" t{i}"
         received.set()
     assert await resp.read() == b"data: [DONE]\n\n"
-    assert (
-        sidecar.registry.get_sample_value(
-            "vllm_sidecar_failures_total",
-            {
-                "route": "/v1/completions",
-                "source": "sidecar",
-                "reason": "upstream_timeout",
-                "status": "504",
-            },
-        )
-        is None
-    )
+    assert failures(sidecar, "upstream_timeout", "504") == 0
     assert requests_total(sidecar, "200") == 1
     assert in_flight(sidecar) == 0

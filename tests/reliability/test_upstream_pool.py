@@ -10,10 +10,9 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from tests.conftest import MakeSidecar, StartSidecar
 from tests.fake_vllm import FakeVLLM, hang
+from tests.sidecar import COMPLETION, MakeSidecar, StartSidecar, assert_envelope, failures
 from tests.support import eventually
-from tests.test_failures import COMPLETION, assert_envelope, failures
 
 MiB = 1 << 20
 

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.e2e._processes import ROOT, running
 from tests.e2e._servers import VLLM_VENV, TinyModel, VllmServer
+from tests.processes import ROOT, running
 
 
 class DevVllm(VllmServer):

@@ -14,8 +14,8 @@ from skyrl.backends.skyrl_train.inference_engines.remote_inference_engine import
 from skyrl.backends.skyrl_train.weight_sync import BroadcastInitInfo, BroadcastWeightUpdateRequest
 
 from proxy.skyrl import SidecarError, SidecarInferenceEngine
-from tests.conftest import MakeSidecar, Sidecar
 from tests.fake_vllm import FakeVLLM, error_body, respond
+from tests.sidecar import MakeSidecar, Sidecar
 from tests.skyrl.conftest import HF_PATH, SERVED, hostport
 from tests.skyrl.seed import SEED_PROMPTS
 
@@ -88,6 +88,11 @@ QUERY_NOT_BODY = {
     "sleep": (("/sleep", {"level": 2}), ("/sleep?level=2", None)),
     "wake_up": (("/wake_up", {"tags": ["weights"]}), ("/wake_up?tags=weights", None)),
 }
+# What the fake (like vLLM) did with each, stock engine then ours: only ours was understood.
+QUERY_ANSWERS = {
+    "sleep": ({"status": "sleeping", "level": 1}, {"status": "sleeping", "level": 2}),
+    "wake_up": ({"status": "awake", "tags": None}, {"status": "awake", "tags": ["weights"]}),
+}
 
 
 def ok() -> Any:
@@ -131,7 +136,10 @@ async def test_every_call_sends_the_parents_request_and_returns_what_the_parent_
         for answer in (result, stock_result):
             answer.pop("id", None)  # the fake numbers its answers
         assert result  # not an empty stand-in
-    assert result == stock_result
+    if name in QUERY_ANSWERS:
+        assert (stock_result, result) == QUERY_ANSWERS[name]
+    else:
+        assert result == stock_result
     assert (result is None) == (name in ("pause_generation", "resume_generation", "teardown"))
 
 

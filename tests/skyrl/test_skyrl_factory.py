@@ -8,8 +8,8 @@ import pytest
 from skyrl.train.config import SkyRLTrainConfig
 
 from proxy.skyrl import SidecarError, SidecarInferenceEngine, create_sidecar_engines_from_config
-from tests.conftest import Sidecar
 from tests.fake_vllm import FakeVLLM
+from tests.sidecar import Sidecar
 from tests.skyrl.conftest import HF_PATH, SERVED, hostport
 from tests.skyrl.seed import make_client
 

@@ -11,7 +11,7 @@ from skyrl.backends.skyrl_train.inference_engines.remote_inference_engine import
 )
 
 from proxy.skyrl import SidecarInferenceEngine
-from tests.conftest import MakeSidecar
+from tests.sidecar import MakeSidecar
 from tests.skyrl.conftest import hostport
 from tests.skyrl.dev_vllm import DevVllm, dev_vllm
 

@@ -18,8 +18,8 @@ from skyrl.backends.skyrl_train.inference_servers.remote_inference_client import
 )
 
 from proxy.skyrl import SidecarInferenceClient
-from tests.conftest import Sidecar
 from tests.fake_vllm import FakeVLLM, json_response
+from tests.sidecar import Sidecar
 
 SERVED = "Qwen2.5-0.5B"
 HF_PATH = "Qwen/Qwen2.5-0.5B"

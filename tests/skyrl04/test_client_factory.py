@@ -16,8 +16,8 @@ from proxy.skyrl import (
     SidecarInferenceClient,
     create_sidecar_client_from_config,
 )
-from tests.conftest import Sidecar
 from tests.fake_vllm import FakeVLLM
+from tests.sidecar import Sidecar
 from tests.skyrl04.conftest import HF_PATH, SERVED, stock, url
 
 

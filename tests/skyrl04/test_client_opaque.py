@@ -9,8 +9,8 @@ import pytest
 from aiohttp import web
 
 from proxy.skyrl import RetryPolicy, SidecarError
-from tests.conftest import Sidecar
 from tests.fake_vllm import FakeVLLM, respond
+from tests.sidecar import Sidecar
 from tests.skyrl04.conftest import companion, stock, url
 
 

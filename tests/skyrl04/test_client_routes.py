@@ -12,8 +12,8 @@ from skyrl.backends.skyrl_train.inference_servers.remote_inference_client import
 )
 
 from proxy.skyrl import SidecarError, SidecarInferenceClient
-from tests.conftest import Sidecar
 from tests.fake_vllm import FakeVLLM
+from tests.sidecar import Sidecar
 from tests.skyrl04.conftest import HF_PATH, LORA, SERVED, companion, stock, url
 
 Call = Callable[[RemoteInferenceClient], Awaitable[Any]]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from proxy.skyrl import SidecarError, SidecarInferenceClient
-from tests.conftest import MakeSidecar, Sidecar
+from tests.sidecar import MakeSidecar, Sidecar
 from tests.skyrl.dev_vllm import DevVllm, dev_vllm
 from tests.skyrl04.conftest import companion, stock, url
 

@@ -11,14 +11,26 @@ from hypothesis import strategies as st
 from proxy.body import (
     MAX_MODEL_CHARS,
     MAX_SLICES,
+    ModelField,
     TooComplex,
     find_model,
     replace_model,
     scan_model,
+    scan_model_in_head,
     step,
 )
 from proxy.errors import InvalidJSON, InvalidModel, InvalidRequest
 from proxy.jsonskip import WINDOW
+
+
+def find_model_in_head(head: bytes) -> ModelField | None:
+    """`scan_model_in_head` run to its end at once."""
+    scan, slices = scan_model_in_head(head), 0
+    while True:
+        done, field = step(scan, slices)
+        if done:
+            return field
+        slices += 1
 
 
 def test_model_first_with_token_ids() -> None:
@@ -60,9 +72,11 @@ def test_no_top_level_model(body: bytes) -> None:
 
 @pytest.mark.parametrize("value", [b"1", b"null", b'["a"]', b'{"a": 1}', b"true"])
 def test_non_string_model_is_reported_without_value(value: bytes) -> None:
-    field = find_model(b'{"model": ' + value + b', "x": 1}')
+    body = b'{"model": ' + value + b', "x": 1}'
+    field = find_model(body)
     assert field is not None
     assert field.value is None
+    assert body[field.start : field.end] == value
 
 
 @pytest.mark.parametrize(
@@ -70,8 +84,20 @@ def test_non_string_model_is_reported_without_value(value: bytes) -> None:
     [b'{"model" "a"}', b'{"prompt": [1, 2}, "model": "a"}', b"{'model': 'a'}", b'{"model": tru}'],
 )
 def test_malformed_json_up_to_the_model_names_the_error(body: bytes) -> None:
+    with pytest.raises(InvalidJSON, match="not valid JSON: ") as raised:
+        find_model(body)
+    assert "(char 0)" not in raised.value.message  # orjson was given the body, and says where
+
+
+@pytest.mark.parametrize("body", [b'{"model":', b'{"model": ', b'{"a": 1, "model":\n'])
+def test_a_body_that_ends_before_the_value_is_invalid_json(body: bytes) -> None:
     with pytest.raises(InvalidJSON, match="not valid JSON"):
         find_model(body)
+
+
+@pytest.mark.parametrize("body", [b"{}\n", b"{ } ", b" {}"])
+def test_an_empty_object_with_whitespace_has_no_model(body: bytes) -> None:
+    assert find_model(body) is None
 
 
 @pytest.mark.parametrize("body", [b'{"model": "a",', b'{"model": "a"]', b'{"model": "a", "p": [}'])
@@ -84,8 +110,24 @@ def test_bytes_after_the_model_are_left_for_vllm_to_judge(body: bytes) -> None:
 
 
 def test_duplicate_model_keys_are_refused() -> None:
-    with pytest.raises(InvalidRequest, match="2 top-level `model` keys"):
+    with pytest.raises(InvalidRequest, match="2 top-level `model` keys") as raised:
         find_model(b'{"model": "a", "prompt": [1], "model": "b"}')
+    assert raised.value.param == "model"
+
+
+# Past 4096 strings after the model, the look-ahead for a second key switches to a plain search.
+MANY_STRINGS = b", ".join(b'"s%d"' % i for i in range(5000))
+
+
+def test_a_second_model_after_many_strings_is_still_found() -> None:
+    with pytest.raises(InvalidRequest, match="2 top-level `model` keys"):
+        find_model(b'{"model": "a", "p": [' + MANY_STRINGS + b'], "model": "b"}')
+
+
+def test_many_strings_after_the_only_model() -> None:
+    field = find_model(b'{"model": "a", "p": [' + MANY_STRINGS + b"]}")
+    assert field is not None
+    assert field.value == "a"
 
 
 def test_model_string_inside_values_is_not_a_duplicate() -> None:
@@ -96,8 +138,53 @@ def test_model_string_inside_values_is_not_a_duplicate() -> None:
 
 
 def test_non_utf8_model_value() -> None:
-    with pytest.raises(InvalidJSON, match="model"):
+    with pytest.raises(InvalidJSON, match="model") as raised:
         find_model(b'{"model": "\xff\xfe", "p": 1}')
+    assert raised.value.param == "model"
+
+
+# -- the head of a body streamed in: answer only when the head alone can tell ---------------
+def test_head_with_the_whole_model_value() -> None:
+    head = b'{"stream": true, "model": "org/m", "prompt": [1, 2, 3'
+    field = find_model_in_head(head)
+    assert field is not None
+    assert (field.value, head[field.start : field.end]) == ("org/m", b'"org/m"')
+
+
+@pytest.mark.parametrize(
+    "head", [b'{"model": "a", "model": "b"}', b'{"model": "a", "x": 1, "model": "b']
+)
+def test_head_answers_with_the_first_model_whatever_follows(head: bytes) -> None:
+    field = find_model_in_head(head)
+    assert field is not None
+    assert field.value == "a"
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b'{"prompt": [1, 2',  # no model key yet
+        b'{"model": "org/',  # the value is cut
+        b'{"model"',  # the key without its value
+        b"",
+    ],
+)
+def test_head_that_cannot_tell(head: bytes) -> None:
+    assert find_model_in_head(head) is None
+
+
+@pytest.mark.parametrize("head", [b'{"prompt": "x"}', b"[1, 2]"])
+def test_head_that_is_the_whole_body_without_a_model(head: bytes) -> None:
+    assert find_model_in_head(head) is None
+
+
+def test_head_with_a_non_string_model_and_a_bad_string() -> None:
+    field = find_model_in_head(b'{"model": 7, "p"')
+    assert field is not None
+    assert field.value is None
+    with pytest.raises(InvalidJSON) as raised:
+        find_model_in_head(b'{"model": "\xff", "p"')
+    assert raised.value.param == "model"
 
 
 json_values = st.recursive(

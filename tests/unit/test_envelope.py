@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 
 import pytest
 
@@ -140,3 +141,132 @@ def test_sse_event_is_one_event_then_done() -> None:
     first, second, rest = data.split(b"\n\n")
     assert json.loads(first.removeprefix(b"data: ")) == env
     assert (second, rest) == (b"data: [DONE]", b"")
+
+
+def test_failure_envelope_whole() -> None:
+    reply = UpstreamReply(500, "POST", "/v1/completions", "text/plain", "E" * 10, True)
+    model = ModelInfo("org/x", None, ("a", "b"), ("a",))
+    env = envelope.from_failure(
+        ModelAmbiguous("The model is ambiguous."), request_id="rid", model=model, upstream=reply
+    )
+    assert env == {
+        "error": {
+            "message": "The model is ambiguous.",
+            "type": "BadRequestError",
+            "param": "model",
+            "code": 400,
+            "source": "sidecar",
+            "reason": "model_ambiguous",
+            "retryable": False,
+            "request_id": "rid",
+            "model": {
+                "requested": "org/x",
+                "resolved": None,
+                "served": ["a", "b"],
+                "suggestions": ["a"],
+            },
+            "upstream": {
+                "status": 500,
+                "method": "POST",
+                "path": "/v1/completions",
+                "content_type": "text/plain",
+                "body": "E" * 10,
+                "body_truncated": True,
+            },
+        }
+    }
+
+
+def test_upstream_status_envelope_whole() -> None:
+    body = {"error": {"message": "no", "type": "CustomError", "param": 5}}
+    reply = UpstreamReply(404, "POST", "/v1/chat/completions", "application/json", body)
+    model = ModelInfo("org/x", None, ("a", "b"), ("a", "b"))
+    env = envelope.from_upstream_status(reply, request_id="rid", model=model)
+    assert env["error"] == {
+        "message": "Upstream returned 404 for POST /v1/chat/completions: no Served: a, b."
+        " Did you mean: a, b?",
+        "type": "CustomError",  # vLLM's own type is kept
+        "param": None,  # a param that is not a string is not passed on
+        "code": 404,
+        "source": "upstream",
+        "reason": "upstream_status",
+        "retryable": False,
+        "request_id": "rid",
+        "model": model.as_dict(),
+        "upstream": reply.as_dict(),
+    }
+
+
+@pytest.mark.parametrize("model", [None, ModelInfo("x", "x", ("x",))])
+def test_a_404_names_the_served_models_only_for_an_unresolved_name(
+    model: ModelInfo | None,
+) -> None:
+    reply = UpstreamReply(404, "GET", "/v1/models/x", None, "")
+    err = envelope.from_upstream_status(reply, request_id="r", model=model)["error"]
+    assert err["message"] == "Upstream returned 404 for GET /v1/models/x: (empty body)"
+
+
+@pytest.mark.parametrize(
+    ("status", "retryable"),
+    [(400, False), (408, True), (409, False), (429, True), (430, False), (499, False),
+     (500, True), (501, True)],
+)  # fmt: skip
+def test_which_upstream_statuses_are_retryable(status: int, retryable: bool) -> None:
+    reply = UpstreamReply(status, "POST", "/v1/completions", None, "")
+    assert envelope.from_upstream_status(reply, request_id="r")["error"]["retryable"] is retryable
+
+
+def test_status_type_of_a_hyphenated_phrase() -> None:
+    assert envelope.status_type(207) == "MultiStatusError"
+    assert envelope.status_type(203) == "NonAuthoritativeInformationError"
+
+
+@pytest.mark.parametrize("encoding", ["x-gzip", "deflate", "GZIP"])
+def test_compressed_bodies_are_decoded(encoding: str) -> None:
+    raw = zlib.compress(b'{"detail": "x"}') if encoding == "deflate" else gzip.compress(b'"x"')
+    body = envelope.decode_body(raw, content_type=None, content_encoding=encoding, truncated=False)
+    assert body in ({"detail": "x"}, "x")
+
+
+@pytest.mark.parametrize(
+    ("raw", "content_type", "encoding", "truncated", "decoded"),
+    [
+        (b"not gzip \xff", None, "gzip", False, "not gzip \ufffd"),  # bad framing: raw text
+        (b'{"a": 1}', None, None, False, {"a": 1}),  # no type: JSON if it parses
+        (b'{"a": 1}', "application/json", None, True, '{"a": 1}'),  # cut: never parsed
+        (b"42", "text/plain", None, False, "42"),  # not JSON by type: stays text
+        (b"\xff oops", "text/html", None, False, "\ufffd oops"),
+        (b"", "application/json", None, False, ""),
+    ],
+)
+def test_decode_body_cases(
+    raw: bytes, content_type: str | None, encoding: str | None, truncated: bool, decoded: object
+) -> None:
+    body = envelope.decode_body(
+        raw, content_type=content_type, content_encoding=encoding, truncated=truncated
+    )
+    assert body == decoded
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"message": "top-level"}, "top-level"),
+        ({"x": "y" * 600}, ('{"x":"' + "y" * 600)[:500]),
+        ("a  b\n c" + "z" * 600, ("a b c" + "z" * 600)[:500]),
+        ("  \n", "(empty body)"),
+        ([1, 2], "[1, 2]"),
+        (list(range(300)), str(list(range(300)))[:500]),
+    ],
+)
+def test_upstream_message_more_shapes(body: object, message: str) -> None:
+    assert envelope.upstream_message(body) == message
+
+
+def test_lone_surrogates_are_replaced_not_fatal() -> None:
+    # aiohttp decodes a peer's non-UTF-8 header bytes with surrogateescape.
+    bad = "text/\udcff"
+    env = {"error": {"upstream": {"content_type": bad}, bad: [bad, 1]}}
+    assert json.loads(envelope.encode(env)) == {
+        "error": {"upstream": {"content_type": "text/?"}, "text/?": ["text/?", 1]}
+    }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from multidict import CIMultiDict
 
-from proxy.headers import request_id, response_headers, upstream_request_headers
+from proxy.headers import drop, request_id, response_headers, upstream_request_headers
 
 
 def test_hop_by_hop_and_connection_named_fields_are_dropped() -> None:
@@ -121,3 +121,22 @@ def test_request_id_that_is_not_a_token_is_replaced(given: str) -> None:
 @pytest.mark.parametrize("given", ["5f0c-9a", "req_01HV:trace/span+1=", "x" * 200, "[a]~!#$%&*"])
 def test_request_id_tokens_pass(given: str) -> None:
     assert request_id(CIMultiDict({"X-Request-Id": given})) == given
+
+
+def test_request_id_length_bounds() -> None:
+    for kept in ("x", "x" * 200):
+        assert request_id(CIMultiDict({"X-Request-Id": kept})) == kept
+    assert len(request_id(CIMultiDict({"X-Request-Id": "x" * 201}))) == 32
+    assert len(request_id(CIMultiDict({"X-Request-Id": "a\nb"}))) == 32
+
+
+def test_connection_tokens_without_spaces_are_each_dropped() -> None:
+    incoming = CIMultiDict([("Connection", "X-A,X-B"), ("X-A", "1"), ("X-B", "2"), ("X-C", "3")])
+    out = response_headers(incoming, rid="r")
+    assert sorted(out) == ["X-C", "X-Request-Id"]
+
+
+def test_drop_removes_every_value_and_ignores_absent_names() -> None:
+    headers = CIMultiDict([("Content-Length", "5"), ("content-length", "6"), ("X-Keep", "1")])
+    drop(headers, ["Content-Length", "Content-Encoding"])
+    assert list(headers.items()) == [("X-Keep", "1")]

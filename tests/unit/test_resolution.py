@@ -143,3 +143,75 @@ def test_parse_models_list_reads_id_and_root() -> None:
 def test_parse_models_list_rejects_other_shapes(payload: object) -> None:
     with pytest.raises(ValueError):  # noqa: PT011 - the message varies with the shape
         parse_models_list(payload)
+
+
+def test_basename_keeps_letters_next_to_the_slash() -> None:
+    assert basename("org/MODEL-X/") == "MODEL-X"
+
+
+def test_case_insensitive_is_the_default() -> None:
+    t = ModelTable([QWEN])
+    assert t.resolve("qwen2.5-0.5b").rule == "case"
+    assert t.describe()["case_insensitive"] is True
+
+
+def test_failed_resolutions_keep_the_requested_name() -> None:
+    t = table(ServedModel("a/tiny", "/a/tiny"), ServedModel("b/tiny", "/b/tiny"))
+    assert t.resolve("c/tiny").requested == "c/tiny"  # ambiguous
+    assert t.resolve("c/huge").requested == "c/huge"  # unresolved
+
+
+def test_aliases_that_differ_only_in_case() -> None:
+    two_models = table(
+        ServedModel("m1", "/a"), ServedModel("m2", "/b"), aliases={"Fast": "m1", "FAST": "m2"}
+    )
+    assert two_models.resolve("fast").rule == "ambiguous"
+    one_model = table(
+        ServedModel("m1", "/a"), ServedModel("m2", "/a"), aliases={"Fast": "m1", "FAST": "m2"}
+    )
+    assert one_model.resolve("fast").rule == "case"
+
+
+def test_suggestions_best_first_at_most_three_from_a_ratio_of_0_4() -> None:
+    t = table(*(ServedModel(n) for n in ("abcd", "model-a", "model-ab", "model-abc", "modem")))
+    assert t.suggestions("org/model-abc") == ("model-abc", "model-ab", "model-a")
+    assert t.suggestions("a") == ("abcd",)  # ratio 2 * 1 / 5 = 0.4
+
+
+def test_describe_everything() -> None:
+    t = table(
+        ServedModel("b/tiny", "/b/tiny"),
+        ServedModel("a/tiny", "/a/tiny"),
+        QWEN,
+        aliases={"policy": "Qwen2.5-0.5B", "ghost": "gone"},
+    )
+    tiny = ["b/tiny", "a/tiny"]
+    assert t.describe() == {
+        "served": [
+            {"id": "b/tiny", "root": "/b/tiny", "aliases": [{"alias": "/b/tiny", "rule": "root"}]},
+            {"id": "a/tiny", "root": "/a/tiny", "aliases": [{"alias": "/a/tiny", "rule": "root"}]},
+            {
+                "id": "Qwen2.5-0.5B",
+                "root": "/models/Qwen/Qwen2.5-0.5B",
+                "aliases": [
+                    {"alias": "policy", "rule": "alias"},
+                    {"alias": "/models/Qwen/Qwen2.5-0.5B", "rule": "root"},
+                    {"alias": "*/Qwen2.5-0.5B", "rule": "basename"},
+                    {"alias": "qwen2.5-0.5b", "rule": "case"},
+                    {"alias": "/models/qwen/qwen2.5-0.5b", "rule": "case"},
+                    {"alias": "*/qwen2.5-0.5b", "rule": "case"},
+                ],
+            },
+            # An alias to a name the upstream does not serve is listed under that name.
+            {"id": "gone", "root": None, "aliases": [{"alias": "ghost", "rule": "alias"}]},
+        ],
+        "ambiguous": [
+            {"alias": "*/tiny", "rule": "basename", "candidates": tiny},
+            {"alias": "*/tiny", "rule": "case", "candidates": tiny},
+        ],
+        "case_insensitive": True,
+    }
+
+
+def test_parse_models_list_ignores_a_root_that_is_not_a_string() -> None:
+    assert parse_models_list({"data": [{"id": "m", "root": 7}]}) == [ServedModel("m", None)]

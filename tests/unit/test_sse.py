@@ -37,3 +37,50 @@ def test_event_stream_content_type() -> None:
     assert is_event_stream("text/event-stream; charset=utf-8")
     assert not is_event_stream("application/json")
     assert not is_event_stream(None)
+
+
+ERROR_EVENT = b'data: {"error": {"message": "boom", "code": 400}}\n\n'
+
+
+def test_feed_says_when_a_chunk_completes_an_error_event() -> None:
+    watcher = ErrorWatcher()
+    assert watcher.feed(b'data: {"choices": []}\n\n') is False
+    assert watcher.feed(ERROR_EVENT[:-1]) is True  # the line is complete at its first newline
+    assert watcher.take()[0]["error"]["message"] == "boom"
+    assert watcher.take() == []  # taken once
+    assert watcher.feed(b"\n") is False
+
+
+def test_an_error_event_in_the_very_first_chunk() -> None:
+    watcher = ErrorWatcher()
+    watcher.feed(ERROR_EVENT)
+    assert len(watcher.errors) == 1
+
+
+def test_data_without_a_space_and_comment_lines() -> None:
+    # "data:" may be followed directly by the payload; a line starting with ":" is a comment.
+    watcher = ErrorWatcher()
+    watcher.feed(b':    {"error": {"message": "a comment"}}\n\n')
+    assert watcher.errors == []
+    watcher.feed(b'data:{"error": {"message": "tight"}}\n\n')
+    assert [e["error"]["message"] for e in watcher.errors] == ["tight"]
+
+
+def test_a_partial_line_is_carried_up_to_one_mib() -> None:
+    # A line cut across chunks is joined up to 1 MiB (an error event is never that long); past
+    # that the partial line is dropped rather than buffered without bound.
+    def split_event(message_len: int) -> ErrorWatcher:
+        line = b'data: {"error": {"message": "' + b"m" * message_len + b'"}}'
+        watcher = ErrorWatcher()
+        watcher.feed(b"data: {}\n\n" * 1000 + line[:-1])  # whole events first, then the part
+        watcher.feed(line[-1:] + b"\n\n")
+        return watcher
+
+    fits = (1 << 20) - len(b'data: {"error": {"message": ""}}') + 1  # carried: 1 MiB
+    assert len(split_event(fits).errors) == 1
+    assert split_event(fits + 1).errors == []
+
+
+def test_event_stream_content_type_parameters() -> None:
+    assert is_event_stream("Text/Event-Stream ;charset=utf-8; x=y")
+    assert not is_event_stream("text/plain; x=text/event-stream")

@@ -1,4 +1,4 @@
-"""Processes the end-to-end tests start, each in its own group, and stop without leftovers.
+"""Processes the tests start (sidecar, fake or real vLLM, Prometheus), each in its own group.
 
 Each process is started in a new session (its own process group), so stopping it reaches every
 child vLLM forks (engine core, worker, resource tracker), and with a parent-death signal, so a
@@ -15,30 +15,20 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import free_port, http_status, wait_http_ok, wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
 
 _PR_SET_PDEATHSIG = 1
 # Resolved once here: the child between fork and exec should do as little as possible.
 _prctl = ctypes.CDLL(None, use_errno=True).prctl
 _alive: set[ManagedProcess] = set()
-
-
-def http_status(url: str, timeout: float = 2.0) -> int | None:
-    """The status `url` answers with, or None when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (OSError, ValueError):
-        return None
 
 
 def _die_with_parent() -> None:
@@ -125,6 +115,10 @@ class ManagedProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self) -> None:
+        """Start the process; subclasses also wait here until it serves."""
+        self.spawn()
+
+    def spawn(self) -> None:
         assert not self.running, f"{self!r} is already running"
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
@@ -145,16 +139,23 @@ class ManagedProcess:
         except OSError:
             return ""
 
+    def check_alive(self) -> None:
+        """Raise, with the end of the log, if the process has exited."""
+        if not self.running:
+            raise RuntimeError(f"{self!r} exited:\n{self.log_tail()}")
+
     def wait_until(self, url: str, expect: int = 200, deadline_s: float = 300.0) -> None:
         """Poll `url` until it answers `expect`; fail early if the process exits."""
-        end = time.monotonic() + deadline_s
-        while time.monotonic() < end:
-            if not self.running:
-                raise RuntimeError(f"{self!r} exited before {url} answered:\n{self.log_tail()}")
-            if http_status(url) == expect:
-                return
-            time.sleep(0.25)
-        raise RuntimeError(f"{self!r}: {url} not {expect} after {deadline_s} s:\n{self.log_tail()}")
+
+        def answered() -> bool:
+            self.check_alive()
+            return http_status(url) == expect
+
+        wait_until(answered, f"{self!r}: {url} answers {expect}\n{self.log_tail()}", deadline_s)
+
+    async def serving(self, url: str, deadline_s: float = 30.0) -> None:
+        """`wait_until` for a process whose peer runs in the caller's event loop."""
+        await wait_http_ok(url, deadline_s, alive=self.check_alive)
 
     def signal_group(self, sig: signal.Signals) -> None:
         if self.proc is not None:
@@ -218,3 +219,44 @@ def running(process: P) -> Iterator[P]:
         yield process
     finally:
         process.stop()
+
+
+class SidecarProcess(ManagedProcess):
+    """The sidecar, started through its CLI (`python -m proxy`) in the test venv."""
+
+    def __init__(self, upstream_url: str, run_dir: Path, *extra_args: str) -> None:
+        self.port = free_port()
+        self.admin_port = free_port()
+        argv = [
+            os.environ.get("SIDECAR_PYTHON", sys.executable),
+            "-m",
+            "proxy",
+            "--upstream-url",
+            upstream_url,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--admin-port",
+            str(self.admin_port),
+            *extra_args,
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_SIDECAR_")}
+        super().__init__("sidecar", argv, env, run_dir / f"sidecar-{self.port}.log")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def start(self) -> None:
+        self.spawn()
+        self.wait_until(f"{self.admin_url}/readyz", deadline_s=60)
+
+    async def start_serving(self) -> None:
+        """Start, and wait for readiness without blocking the loop the upstream may run in."""
+        self.spawn()
+        await self.serving(f"{self.admin_url}/readyz", deadline_s=60)
