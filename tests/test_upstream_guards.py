@@ -46,8 +46,10 @@ async def test_an_idle_upstream_connection_is_dropped_before_uvicorns_5_s(
         await resp.read()
         return peers[-1]
 
-    first = await send()
-    assert await send() == first  # control: a connection in use is kept and reused
+    await send()
+    # Control: a connection in use is kept and reused (the pool may hold several: the sidecar's
+    # own start-up probes open some, and aiohttp takes any idle one).
+    assert await send() in peers[:-1]
     await asyncio.sleep(4.5)  # the scenario: idle past the sidecar's bound, short of uvicorn's
     assert await send() not in peers[:-1]
 
