@@ -17,7 +17,7 @@ CLIENT_CLOSED = 499  # nginx's convention for a client that hung up before the a
 
 
 @dataclass(slots=True)
-class Exchange:
+class RequestRecord:
     method: str
     path: str
     request_id: str
@@ -43,6 +43,16 @@ class Exchange:
         """Count one failure; the first one names the request's outcome in the log."""
         metrics.failures.labels(self.route, source, reason, str(status)).inc()
         self.reason = self.reason or reason
+
+    def disconnected(self, metrics: Metrics) -> None:
+        """Count a client that hung up; its hang-up names the outcome unless a failure did."""
+        metrics.disconnects.labels(self.route).inc()
+        self.reason = self.reason or "client_disconnected"
+
+    def client_left(self, metrics: Metrics) -> None:
+        """A client that left before its answer was complete (status 499, nginx's)."""
+        self.disconnected(metrics)
+        self.status = CLIENT_CLOSED
 
     def fail_with(self, metrics: Metrics, failure: SidecarFailure) -> None:
         self.fail(metrics, failure.source, failure.reason, failure.status)
