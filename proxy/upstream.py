@@ -133,10 +133,6 @@ async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> tuple[bytes, 
     return b"".join(parts), False
 
 
-def base_url(settings: Settings) -> URL:
-    return URL(settings.upstream_url)
-
-
 def target(base: URL, raw_path_qs: str) -> URL:
     """The upstream URL for a request's raw path and query, passed byte for byte.
 
