@@ -134,22 +134,23 @@ class Discovery:
 
     def readiness(self, *, draining: bool = False) -> tuple[bool, dict[str, Any]]:
         ready = self.healthy and self.models_known and not draining
-        reason = (
-            "draining"
-            if draining
-            else self.last_error
-            if not self.healthy
-            else "served model names not known yet"
-            if not self.models_known
-            else None
-        )
         return ready, {
             "ready": ready,
-            "reason": reason,
+            "reason": self._unready_reason(draining),
             "upstream": str(self._base),
             "upstream_healthy": self.healthy,
             "served": list(self.table.names),
         }
+
+    def _unready_reason(self, draining: bool) -> str | None:
+        """Why the sidecar is not ready: draining first, then the upstream's health, then names."""
+        if draining:
+            return "draining"
+        if not self.healthy:
+            return self.last_error
+        if not self.models_known:
+            return "served model names not known yet"
+        return None
 
     async def _health_loop(self) -> None:
         while True:
