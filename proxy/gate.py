@@ -10,13 +10,13 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from .control import CONTROL, DATA, normalized, plane
+from .control import plane
 from .errors import PhaseRefusal, Unauthorized
 from .keys import LIFECYCLE
 from .lifecycle import Lifecycle
-from .metrics import route_label
 from .phase import SERVING
 from .record import RequestRecord
+from .routes import CONTROL, DATA, normalized, route_label
 from .sse import is_event_stream
 
 WEIGHT_VERSION = "X-Weight-Version"

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 from .errors import SidecarFailure
 from .logs import capped, text_field
-from .metrics import Metrics, method_label, route_label
+from .metrics import Metrics, method_label
 from .resolution import ABSENT
+from .routes import route_label
 
 log = logging.getLogger("proxy.access")
 
