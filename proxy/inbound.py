@@ -12,7 +12,6 @@ from .body import (
     MAX_SLICES,
     ModelField,
     Scan,
-    TooComplex,
     replace_model,
     scan_model,
     scan_model_in_head,
@@ -22,6 +21,7 @@ from .discovery import Discovery
 from .errors import BodyTooLarge, InvalidRequest, ModelAmbiguous
 from .keys import BUDGET
 from .metrics import Metrics
+from .modelkeys import TooComplex
 from .record import RequestRecord
 from .resolution import ABSENT, AMBIGUOUS, UNRESOLVED, Resolution
 
