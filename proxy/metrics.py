@@ -50,7 +50,19 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        route = ("route",)
+        self._outcomes()
+        self._on_the_way()
+        self._upstream()
+        self._holdings()
+        self.engine = EngineMetrics(registry)
+        self.background_errors = self._counter(
+            "background_errors",
+            "Rounds of the health or discovery loop that failed unexpectedly (and were survived).",
+            ("task",),
+        )
+
+    def _outcomes(self) -> None:
+        """How each request ended: its status, its times, its failures."""
         self.requests = self._counter(
             "requests",
             "Requests answered, by route, method and status sent.",
@@ -76,6 +88,10 @@ class Metrics:
             "Failures by route, source (upstream|sidecar), reason and status.",
             ("route", "source", "reason", "status"),
         )
+
+    def _on_the_way(self) -> None:
+        """What happens to requests on their way: resolutions, requests in flight, hang-ups."""
+        registry, route = self.registry, ("route",)
         self.resolutions = self._counter(
             "model_resolutions",
             "Model resolutions by the rule that decided them.",
@@ -92,6 +108,10 @@ class Metrics:
         self.disconnects = self._counter(
             "client_disconnects", "Clients that hung up before the response was complete.", route
         )
+
+    def _upstream(self) -> None:
+        """The upstream as the background checks see it."""
+        registry = self.registry
         self.upstream_up = Gauge(
             PREFIX + "upstream_up",
             "1 when the upstream answered its last health check, else 0.",
@@ -100,6 +120,10 @@ class Metrics:
         self.discoveries = self._counter(
             "discoveries", "Reads of the upstream's /v1/models, by outcome.", ("outcome",)
         )
+
+    def _holdings(self) -> None:
+        """What clients hold of the sidecar: connections and buffered bodies."""
+        registry = self.registry
         self.client_connections = Gauge(
             PREFIX + "client_connections",
             "Client connections open on the proxy port.",
@@ -119,12 +143,6 @@ class Metrics:
             PREFIX + "buffer_budget_refusals",
             "Bodies the memory budget had no room for: a response streamed, a request refused.",
             registry=registry,
-        )
-        self.engine = EngineMetrics(registry)
-        self.background_errors = self._counter(
-            "background_errors",
-            "Rounds of the health or discovery loop that failed unexpectedly (and were survived).",
-            ("task",),
         )
 
     def _counter(self, name: str, doc: str, labels: tuple[str, ...]) -> Family[Counter]:
@@ -171,6 +189,10 @@ class EngineMetrics:
                 registry=registry,
             )
         )
+        self._requests(registry)
+
+    def _requests(self, registry: CollectorRegistry) -> None:
+        """What phases did to requests."""
         self.requests = Family(
             Counter(
                 PREFIX + "phase_requests",
