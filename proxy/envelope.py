@@ -164,10 +164,14 @@ def _envelope(
 
 
 def from_failure(
-    failure: SidecarFailure, *, request_id: str, model: ModelInfo | None = None
+    failure: SidecarFailure,
+    *,
+    request_id: str,
+    model: ModelInfo | None = None,
+    upstream: UpstreamReply | None = None,
 ) -> Envelope:
     """The envelope for a failure the sidecar itself detected."""
-    if isinstance(failure, ModelAmbiguous) and model is not None:
+    if isinstance(failure, ModelAmbiguous) and failure.candidates and model is not None:
         # The served names the ambiguous one matched are the names to ask for instead.
         model = dataclasses.replace(model, suggestions=failure.candidates)
     return _envelope(
@@ -180,7 +184,7 @@ def from_failure(
         retryable=failure.retryable,
         request_id=request_id,
         model=model,
-        upstream=None,
+        upstream=upstream,
     )
 
 
