@@ -1,4 +1,4 @@
-"""The upstream's successful answer back to the client: read whole, checked, or streamed."""
+"""The upstream's answers below 400 back to the client: read whole, checked, or streamed."""
 
 from __future__ import annotations
 
