@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry
+from yarl import URL
 
 from . import connections
 from .budget import Budget
@@ -29,7 +30,7 @@ from .lifecycle import Lifecycle
 from .metrics import Metrics
 from .reconcile import reconciling
 from .settings import Settings
-from .upstream import base_url, make_session
+from .upstream import make_session
 
 
 async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -56,7 +57,7 @@ def create_app(settings: Settings, *, registry: CollectorRegistry | None = None)
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
     app[SETTINGS] = settings
     app[METRICS] = metrics
-    app[UPSTREAM] = base_url(settings)
+    app[UPSTREAM] = URL(settings.upstream_url)
     app[DISCOVERY] = Discovery(settings, metrics, app[UPSTREAM])
     app[BUDGET] = budget = Budget(settings.buffer_budget_bytes, metrics)
     app[IN_FLIGHT] = in_flight = InFlight()

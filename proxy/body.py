@@ -6,27 +6,22 @@ skipping values with C-speed regex and `bytes.find`, and only the `model` value'
 swapped. Anything the scanner cannot follow is handed to orjson, which names the syntax error.
 
 A hostile body (millions of brackets, keys or escapes) must not hold the event loop, so the scan
-is a generator built on `jsonskip`: it yields after each slice of work, and its driver decides
-where the slices run and how many a body may take (`step`, `find_model`, `inbound._locate`).
+is a generator (`modelkeys`, built on `jsonskip`): it yields after each slice of work, and its
+driver decides where the slices run and how many a body may take (`step`, `find_model`,
+`inbound._locate`).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Generator
 from dataclasses import dataclass
 
 import orjson
 
 from .errors import InvalidJSON, InvalidModel, InvalidRequest
-from .jsonskip import HOPS_PER_SLICE, Malformed, search, skip_string, skip_value, skip_ws
+from .jsonskip import Malformed
+from .modelkeys import TooComplex, model_spans
 
-# `"model"`, also spelt with escapes (`"mod\u0065l"`): only `\uXXXX` can spell a letter.
-_MODEL_LIKE = re.compile(rb'"(?:[model]|\\u00[0-9a-fA-F]{2}){5}"')
-_MODEL_LIKE_MAX = 32
-_FIND_WINDOW = 4 << 20  # memchr runs at several GB/s: a window is well under a millisecond
-_MODEL_KEY = b'"model"'
-_SPACE = (b" ", b"\t", b"\n", b"\r", b"")
 # Longer than any served name or local path; a longer one is refused rather than resolved,
 # logged and compared with every served name (difflib is quadratic).
 MAX_MODEL_CHARS = 1024
@@ -49,101 +44,6 @@ class ModelField:
     value: str | None
     start: int
     end: int
-
-
-class TooComplex(Exception):
-    """The scan used up its slices before it could answer."""
-
-
-def _is_model_key(raw_key: bytes) -> bool:
-    if raw_key == _MODEL_KEY:
-        return True
-    return len(raw_key) <= _MODEL_LIKE_MAX and b"\\" in raw_key and orjson.loads(raw_key) == "model"
-
-
-def _scan(body: bytes, *, first_only: bool) -> Generator[None, None, list[tuple[int, int]] | None]:
-    """Spans of every top-level `model` value; None when the body is not a JSON object.
-
-    A TooComplex thrown in once one `model` is found ends the search for a second one: it is
-    then vLLM's to judge, as it is for a streamed body.
-    """
-    found: list[tuple[int, int]] = []
-    try:
-        return (yield from _scan_keys(body, found, first_only=first_only))
-    except TooComplex:
-        if found:
-            return found
-        raise
-
-
-def _ws(body: bytes, pos: int) -> Generator[None, None, int]:
-    # Compact JSON has no whitespace to skip: no generator for it (a tenth of a small scan).
-    if body[pos : pos + 1] not in _SPACE:
-        return pos
-    return (yield from skip_ws(body, pos))
-
-
-def _scan_keys(
-    body: bytes, found: list[tuple[int, int]], *, first_only: bool
-) -> Generator[None, None, list[tuple[int, int]] | None]:
-    pos = yield from _ws(body, 0)
-    if pos >= len(body) or body[pos] != 0x7B:  # '{'
-        return None
-    pos = yield from _ws(body, pos + 1)
-    if body[pos : pos + 1] == b"}":
-        return found
-    keys = 0
-    while True:
-        keys += 1
-        if keys % (HOPS_PER_SLICE // 4) == 0:  # a key costs about four hops over a bracket
-            yield
-        if body[pos : pos + 1] != b'"':
-            raise Malformed(pos)
-        key_end = yield from skip_string(body, pos)
-        raw_key = body[pos:key_end]
-        pos = yield from _ws(body, key_end)
-        if body[pos : pos + 1] != b":":
-            raise Malformed(pos)
-        start = yield from _ws(body, pos + 1)
-        end = yield from skip_value(body, start)
-        if _is_model_key(raw_key):
-            found.append((start, end))
-            if first_only:
-                return found
-            # Stop early when no other `model` key can follow: the rest may be megabytes of ids.
-            if not (yield from _model_key_follows(body, end)):
-                return found
-        pos = yield from _ws(body, end)
-        sep = body[pos : pos + 1]
-        if sep == b"}":
-            return found
-        if sep != b",":
-            raise Malformed(pos)
-        pos = yield from _ws(body, pos + 1)
-
-
-def _model_key_follows(body: bytes, pos: int) -> Generator[None, None, bool]:
-    """Whether `"model"` (or a spelling with escapes) occurs at or after `pos`.
-
-    Quote to quote with memchr: a regex search for the key walks an 8 MB token-id list at
-    2 ms, `bytes.find` of the 7-byte key at 8 ms (`,` and `l` share a slot of its skip
-    filter); the quotes in such a list are few: 0.1 ms. A body of many short strings is
-    left to the regex search after a few thousand hops.
-    """
-    find, hops = body.find, 0
-    while True:
-        q = find(b'"', pos, pos + _FIND_WINDOW)
-        if q < 0:
-            if pos + _FIND_WINDOW >= len(body):
-                return False
-            pos += _FIND_WINDOW
-            yield
-            continue
-        if _MODEL_LIKE.match(body, q):
-            return True
-        pos, hops = q + 1, hops + 1
-        if hops == 4096:
-            return (yield from search(_MODEL_LIKE, body, pos, _MODEL_LIKE_MAX)) >= 0
 
 
 def _syntax_error(body: bytes, pos: int) -> InvalidJSON:
@@ -186,7 +86,7 @@ def scan_model_in_head(head: bytes) -> Scan:
     then reads the whole body and scans it with `scan_model`.
     """
     try:
-        spans = yield from _scan(head, first_only=True)
+        spans = yield from model_spans(head, first_only=True)
     except Malformed:
         return None
     return _field(head, *spans[0]) if spans else None
@@ -215,7 +115,7 @@ def scan_model(body: bytes) -> Scan:
     """
     _check_encoding(body)
     try:
-        spans = yield from _scan(body, first_only=False)
+        spans = yield from model_spans(body, first_only=False)
     except Malformed as exc:
         raise _syntax_error(body, exc.pos) from None
     if not spans:

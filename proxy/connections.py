@@ -20,11 +20,12 @@ import logging
 import resource
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
-from aiohttp import StreamReader, web
+from aiohttp import web
 
 from .drain import InFlight
+from .guard import Guard
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -46,91 +47,6 @@ class Limits:
     def tick(self) -> float:
         """How often the sweep runs: a timeout fires at most a quarter of itself late."""
         return min(1.0, max(0.02, min(self.header, self.body, self.idle, self.send) / 4))
-
-
-class Guard(asyncio.Protocol):
-    """One client connection: aiohttp's protocol inside, the times that bound it outside."""
-
-    def __init__(self, watch: Watch, inner: asyncio.Protocol) -> None:
-        self.watch, self.inner = watch, inner
-        self.transport: asyncio.Transport | None = None
-        now = watch.now()
-        self.last_rx = self.idle_since = now
-        self.head_since: float | None = None
-        self.paused_since: float | None = None
-        self.body: StreamReader | None = None
-        self.busy = False
-        self.window_start, self.window_bytes = now, 0  # the body's rate, over one body timeout
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self.watch.add(self)
-        self.inner.connection_made(transport)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.watch.discard(self)
-        self.inner.connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        self.last_rx = self.watch.now()
-        self.window_bytes += len(data)
-        if not self.busy and self.head_since is None:
-            self.head_since = self.last_rx
-        self.inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self.inner.eof_received()
-
-    def pause_writing(self) -> None:
-        self.paused_since = self.watch.now()
-        self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.paused_since = None
-        self.inner.resume_writing()
-
-    def started(self, body: StreamReader) -> None:
-        self.busy, self.body, self.head_since = True, body, None
-        self.window_start, self.window_bytes = self.watch.now(), 0
-
-    def finished(self) -> None:
-        self.busy, self.body = False, None
-        self.idle_since = self.watch.now()
-
-    def idle(self) -> bool:
-        """Between requests, with the last answer written out."""
-        idle = not self.busy and self.head_since is None
-        return idle and self.transport is not None and not self.transport.get_write_buffer_size()
-
-    def expired(self, now: float, limits: Limits) -> str | None:
-        """Why this connection is to be closed now, if it is."""
-        transport = self.transport
-        if transport is None:
-            return None
-        if self.paused_since is not None:
-            return "send_timeout" if now - self.paused_since > limits.send else None
-        if not transport.is_reading():
-            # Held back by the sidecar itself (a full buffer), not by the client.
-            self.last_rx = self.window_start = now
-            self.window_bytes = 0
-        if self.busy:
-            reading = self.body is not None and not self.body.is_eof()
-            return self._body_expired(now, limits) if reading else None
-        if transport.get_write_buffer_size():
-            self.idle_since = now  # an answer still on its way out: not idle
-        if self.head_since is not None:
-            return "header_timeout" if now - self.head_since > limits.header else None
-        return "idle_timeout" if now - self.idle_since > limits.idle else None
-
-    def _body_expired(self, now: float, limits: Limits) -> str | None:
-        if now - self.last_rx > limits.body:
-            return "body_timeout"
-        span = now - self.window_start
-        if span < limits.body:
-            return None
-        slow = self.window_bytes < limits.min_body_rate * span
-        self.window_start, self.window_bytes = now, 0
-        return "body_too_slow" if slow else None
 
 
 class _Refused(asyncio.Protocol):

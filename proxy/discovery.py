@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -14,7 +14,7 @@ import orjson
 from yarl import URL
 
 from .metrics import Metrics
-from .resolution import ModelTable, from_names, parse_models_list
+from .resolution import ModelTable, ServedModel, parse_models_list
 from .settings import Settings
 from .upstream import UPSTREAM_ERRORS, target
 
@@ -24,22 +24,25 @@ log = logging.getLogger(__name__)
 class Discovery:
     """Holds the current model table and upstream health; refreshes both on a schedule."""
 
+    # The upstream session, given by `running`: the app's cleanup context opens both, and
+    # requests (the only other callers) come and go inside it.
+    _session: aiohttp.ClientSession
+
     def __init__(self, settings: Settings, metrics: Metrics, base: URL) -> None:
         self._settings = settings
         self._metrics = metrics
         self._base = base
         self.fixed = settings.served_model_names is not None
-        self.table = self._table(from_names(settings.served_model_names or ()))
+        self.table = self._table([ServedModel(n) for n in settings.served_model_names or ()])
         self.models_known = self.fixed
         self.healthy = False
         self.last_error: str | None = "no health check yet"
-        self._session: aiohttp.ClientSession | None = None
         self._refreshing: asyncio.Task[bool] | None = None
         self._last_refresh = -float("inf")
         self._reads = self._applied = 0  # reads of /v1/models started; the one the table is from
         metrics.upstream_up.set(0)
 
-    def _table(self, served: Any) -> ModelTable:
+    def _table(self, served: Sequence[ServedModel]) -> ModelTable:
         s = self._settings
         return ModelTable(served, s.aliases, case_insensitive=s.case_insensitive)
 
@@ -56,16 +59,16 @@ class Discovery:
         The table is replaced only by a good answer, and never by an answer older than the
         one it holds (each read is numbered when it starts).
         """
-        if self.fixed or self._session is None:
+        if self.fixed:
             return self.models_known
         if self._refreshing is None or self._refreshing.done():
-            self._refreshing = asyncio.create_task(self._read_models(self._session))
+            self._refreshing = asyncio.create_task(self._read_models())
         return await asyncio.shield(self._refreshing)
 
     async def refresh_on_miss(self) -> None:
         """A name did not resolve: join the read in flight, or start one at most once per
         `--miss-refresh-interval`."""
-        if self.fixed or self._session is None:
+        if self.fixed:
             return
         in_flight = self._refreshing is not None and not self._refreshing.done()
         if (
@@ -74,7 +77,7 @@ class Discovery:
         ):
             await self.refresh()
 
-    async def _read_models(self, session: aiohttp.ClientSession) -> bool:
+    async def _read_models(self) -> bool:
         self._last_refresh = time.monotonic()
         self._reads += 1
         number = self._reads
@@ -82,7 +85,7 @@ class Discovery:
         key = self._settings.upstream_api_key
         headers = {"Authorization": f"Bearer {key}"} if key else None
         try:
-            async with session.get(url, timeout=self._timeout(), headers=headers) as resp:
+            async with self._session.get(url, timeout=self._timeout(), headers=headers) as resp:
                 raw = await resp.read()
                 if resp.status != 200:
                     raise ValueError(f"status {resp.status}: {raw[:200]!r}")
@@ -108,8 +111,6 @@ class Discovery:
         return True
 
     async def check_health(self) -> bool:
-        if self._session is None:
-            return False
         url = target(self._base, "/health")
         try:
             async with self._session.get(url, timeout=self._timeout()) as resp:
@@ -133,22 +134,23 @@ class Discovery:
 
     def readiness(self, *, draining: bool = False) -> tuple[bool, dict[str, Any]]:
         ready = self.healthy and self.models_known and not draining
-        reason = (
-            "draining"
-            if draining
-            else self.last_error
-            if not self.healthy
-            else "served model names not known yet"
-            if not self.models_known
-            else None
-        )
         return ready, {
             "ready": ready,
-            "reason": reason,
+            "reason": self._unready_reason(draining),
             "upstream": str(self._base),
             "upstream_healthy": self.healthy,
             "served": list(self.table.names),
         }
+
+    def _unready_reason(self, draining: bool) -> str | None:
+        """Why the sidecar is not ready: draining first, then the upstream's health, then names."""
+        if draining:
+            return "draining"
+        if not self.healthy:
+            return self.last_error
+        if not self.models_known:
+            return "served model names not known yet"
+        return None
 
     async def _health_loop(self) -> None:
         while True:
@@ -194,4 +196,3 @@ class Discovery:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            self._session = None

@@ -2,16 +2,51 @@
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import orjson
 
-from .errors import SidecarFailure
+from .errors import ModelAmbiguous, SidecarFailure
 
 SSE_DONE = b"data: [DONE]\n\n"
+
+
+# The wire contract (README, "The error envelope"); key order is the order written below.
+class ModelBlock(TypedDict):
+    requested: str | None
+    resolved: str | None
+    served: list[str]
+    suggestions: list[str]
+
+
+class UpstreamBlock(TypedDict):
+    status: int
+    method: str
+    path: str
+    content_type: str | None
+    body: Any  # the upstream's JSON as parsed, else its text
+    body_truncated: bool
+
+
+class ErrorBlock(TypedDict):
+    message: str
+    type: str
+    param: str | None
+    code: int
+    source: str
+    reason: str
+    retryable: bool
+    request_id: str
+    model: NotRequired[ModelBlock]
+    upstream: NotRequired[UpstreamBlock]
+
+
+class Envelope(TypedDict):
+    error: ErrorBlock
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +56,7 @@ class ModelInfo:
     served: tuple[str, ...] = ()
     suggestions: tuple[str, ...] = ()
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> ModelBlock:
         return {
             "requested": self.requested,
             "resolved": self.resolved,
@@ -40,9 +75,8 @@ class UpstreamReply:
     content_type: str | None
     body: Any = None
     body_truncated: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> UpstreamBlock:
         return {
             "status": self.status,
             "method": self.method,
@@ -111,8 +145,8 @@ def _envelope(
     request_id: str,
     model: ModelInfo | None,
     upstream: UpstreamReply | None,
-) -> dict[str, Any]:
-    error: dict[str, Any] = {
+) -> Envelope:
+    error: ErrorBlock = {
         "message": message,
         "type": type_,
         "param": param,
@@ -135,8 +169,11 @@ def from_failure(
     request_id: str,
     model: ModelInfo | None = None,
     upstream: UpstreamReply | None = None,
-) -> dict[str, Any]:
+) -> Envelope:
     """The envelope for a failure the sidecar itself detected."""
+    if isinstance(failure, ModelAmbiguous) and failure.candidates and model is not None:
+        # The served names the ambiguous one matched are the names to ask for instead.
+        model = dataclasses.replace(model, suggestions=failure.candidates)
     return _envelope(
         message=failure.message,
         type_=status_type(failure.status),
@@ -153,7 +190,7 @@ def from_failure(
 
 def from_upstream_status(
     reply: UpstreamReply, *, request_id: str, model: ModelInfo | None = None
-) -> dict[str, Any]:
+) -> Envelope:
     """The envelope for an upstream 4xx/5xx: its status kept, its body attached."""
     body = reply.body
     err = body.get("error") if isinstance(body, dict) else None
@@ -182,7 +219,7 @@ def from_upstream_status(
     )
 
 
-def encode(envelope: dict[str, Any]) -> bytes:
+def encode(envelope: Envelope) -> bytes:
     try:
         return orjson.dumps(envelope)
     except TypeError:
@@ -201,6 +238,6 @@ def _scrub(value: Any) -> Any:
     return value
 
 
-def sse_event(envelope: dict[str, Any]) -> bytes:
+def sse_event(envelope: Envelope) -> bytes:
     """One SSE error event then the end marker, the way vLLM reports in-stream errors."""
     return b"data: " + encode(envelope) + b"\n\n" + SSE_DONE

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 
 class SidecarFailure(Exception):
@@ -14,12 +14,11 @@ class SidecarFailure(Exception):
     retryable: ClassVar[bool] = False
     param: str | None = None
 
-    def __init__(self, message: str, *, param: str | None = None, **extra: Any) -> None:
+    def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         if param is not None:
             self.param = param
-        self.extra = extra
 
     def __repr__(self) -> str:
         return (
@@ -58,9 +57,15 @@ class UpstreamInvalidResponse(SidecarFailure):
 
 
 class ModelAmbiguous(SidecarFailure):
+    """A name two served models claim; `candidates` are their served names."""
+
     reason = "model_ambiguous"
     status = 400
     param = "model"
+
+    def __init__(self, message: str, *, candidates: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.candidates = candidates
 
 
 class InvalidModel(SidecarFailure):
@@ -112,26 +117,31 @@ class BufferBudgetExhausted(SidecarFailure):
     retryable = True
 
 
-class EnginePaused(SidecarFailure):
+class PhaseRefusal(SidecarFailure):
+    """A request an engine phase refused; `retry_after` (seconds) goes out as Retry-After."""
+
+    status = 503
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class EnginePaused(PhaseRefusal):
     """The engine stayed paused (`/pause`) past the hold deadline, or the hold queue was full."""
 
     reason = "engine_paused"
-    status = 503
-    retryable = True
 
 
-class EngineSleeping(SidecarFailure):
+class EngineSleeping(PhaseRefusal):
     reason = "engine_sleeping"
-    status = 503
-    retryable = True
 
 
-class WeightSync(SidecarFailure):
+class WeightSync(PhaseRefusal):
     """Weights were being replaced: forwarding then is what crashes vLLM."""
 
     reason = "weight_sync"
-    status = 503
-    retryable = True
 
 
 class Unauthorized(SidecarFailure):

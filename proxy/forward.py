@@ -10,20 +10,17 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from . import headers as hdrs
-from .catchall import unexpected
 from .errors import InvalidRequest, ShuttingDown, SidecarFailure, UpstreamInvalidResponse
-from .exchange import CLIENT_CLOSED, Exchange
+from .failures import error_reply, failure_response, unexpected
 from .gate import passage, upstream_started
 from .inbound import StreamedBody, read_request
 from .keys import BUDGET, DISCOVERY, IN_FLIGHT, METRICS, SESSION, SETTINGS, UPSTREAM
+from .record import CLIENT_CLOSED, RequestRecord
 from .relay import (
     BUFFER_LIMIT,
     buffered_reply,
     checked_json_reply,
     chunked_json_read,
-    client_left,
-    error_reply,
-    failure_response,
     stream_reply,
     unframed_json,
 )
@@ -32,33 +29,35 @@ from .upstream import UPSTREAM_ERRORS, classify, target
 
 
 async def handle(request: web.Request) -> web.StreamResponse:
+    """The proxy's one handler: the request's record, its in-flight count, and its end."""
     metrics = request.app[METRICS]
-    ex = Exchange(request.method, request.path, hdrs.request_id(request.headers))
-    ex.client_request_id = hdrs.refused_request_id(request.headers, ex.request_id)
-    in_flight = metrics.in_flight.labels(ex.route)
+    rec = RequestRecord(request.method, request.path, hdrs.request_id(request.headers))
+    rec.client_request_id = hdrs.refused_request_id(request.headers, rec.request_id)
+    in_flight = metrics.in_flight.labels(rec.route)
     in_flight.inc()
     task = request.app[IN_FLIGHT].add()
     try:
-        return await _handle(request, ex)
+        return await _respond(request, rec)
     except asyncio.CancelledError:
         # The client hung up (handler cancellation), or the shutdown grace period ran out.
         if request.app[IN_FLIGHT].draining:
-            if ex.status == 0 and (task := asyncio.current_task()) is not None:
+            if rec.status == 0 and (task := asyncio.current_task()) is not None:
                 task.uncancel()  # nothing sent yet: the client still gets its envelope
-                return failure_response(ex, ShuttingDown(_CUT), metrics, request.app[DISCOVERY])
-            ex.fail_with(metrics, ShuttingDown("the sidecar shut down"))
+                table = request.app[DISCOVERY].table
+                return failure_response(rec, ShuttingDown(_CUT), metrics, table)
+            rec.fail_with(metrics, ShuttingDown("the sidecar shut down"))
         else:
-            metrics.disconnects.labels(ex.route).inc()
-            ex.reason = ex.reason or "client_disconnected"
-        ex.status = CLIENT_CLOSED if ex.status == 0 else ex.status
+            rec.disconnected(metrics)
+        rec.status = CLIENT_CLOSED if rec.status == 0 else rec.status
         raise
     finally:
         request.app[IN_FLIGHT].discard(task)
         in_flight.dec()
-        ex.finish(metrics)
+        rec.finish(metrics)
 
 
-async def _handle(request: web.Request, ex: Exchange) -> web.StreamResponse:
+async def _respond(request: web.Request, rec: RequestRecord) -> web.StreamResponse:
+    """The upstream's answer, or the envelope for whatever stood in its way."""
     app = request.app
     metrics, discovery = app[METRICS], app[DISCOVERY]
     try:
@@ -66,13 +65,13 @@ async def _handle(request: web.Request, ex: Exchange) -> web.StreamResponse:
             raise ShuttingDown(_REFUSED)
         _check_target(request)
         limit = app[SETTINGS].max_body_bytes
-        async with passage(request, ex):  # engine lifecycle: hold, token, phase
-            body = await read_request(request, ex, discovery, metrics, limit)
-            return await _exchange(request, ex, body)
+        async with passage(request, rec):  # engine lifecycle: hold, token, phase
+            body = await read_request(request, rec, discovery, metrics, limit)
+            return await _call_upstream(request, rec, body)
     except SidecarFailure as failure:
-        return failure_response(ex, failure, metrics, discovery)
+        return failure_response(rec, failure, metrics, discovery.table)
     except Exception as exc:
-        return unexpected(request, ex, exc, metrics, discovery)
+        return unexpected(request, rec, exc, metrics, discovery.table)
 
 
 _CUT = "The sidecar shut down before the upstream answered (--shutdown-grace ran out); retry."
@@ -95,11 +94,11 @@ def _check_target(request: web.Request) -> None:
         )
 
 
-async def _exchange(
-    request: web.Request, ex: Exchange, body: bytes | StreamedBody
+async def _call_upstream(
+    request: web.Request, rec: RequestRecord, body: bytes | StreamedBody
 ) -> web.StreamResponse:
     app = request.app
-    headers = _upstream_headers(request, ex)
+    headers = _upstream_headers(request, rec)
     sent = time.perf_counter()
     try:
         async with app[SESSION].request(
@@ -109,26 +108,26 @@ async def _exchange(
             headers=headers,
             allow_redirects=False,
         ) as resp:
-            app[METRICS].ttfb.labels(ex.route).observe(time.perf_counter() - sent)
+            app[METRICS].ttfb.labels(rec.route).observe(time.perf_counter() - sent)
             upstream_started(request, resp)  # engine lifecycle: a stream a phase may stall
             try:
-                return await _reply(request, ex, resp)
+                return await _relay(request, rec, resp)
             finally:
-                ex.upstream_time = time.perf_counter() - sent
+                rec.upstream_time = time.perf_counter() - sent
     except UPSTREAM_ERRORS as exc:
         if request.transport is None or request.transport.is_closing():
             # The client's side broke (its upload of a streamed body, say): the upstream is
             # not to blame, and nobody is left to answer.
-            client_left(ex, app[METRICS])
+            rec.client_left(app[METRICS])
             return web.Response()
-        raise classify(exc, where=f"for {ex.method} {ex.path}") from exc
+        raise classify(exc, where=f"for {rec.method} {rec.path}") from exc
 
 
-def _upstream_headers(request: web.Request, ex: Exchange) -> CIMultiDict[str]:
+def _upstream_headers(request: web.Request, rec: RequestRecord) -> CIMultiDict[str]:
     peer = request.transport.get_extra_info("peername") if request.transport else None
     return hdrs.upstream_request_headers(
         request.headers,
-        rid=ex.request_id,
+        rid=rec.request_id,
         client_ip=peer[0] if isinstance(peer, tuple) else None,
         scheme=request.scheme,
         host=request.host,
@@ -142,24 +141,24 @@ def _payload(request: web.Request, body: bytes | StreamedBody, headers: CIMultiD
     return body if body or request.method in ("POST", "PUT", "PATCH") else None
 
 
-async def _reply(
-    request: web.Request, ex: Exchange, resp: aiohttp.ClientResponse
+async def _relay(
+    request: web.Request, rec: RequestRecord, resp: aiohttp.ClientResponse
 ) -> web.StreamResponse:
     """The upstream's answer, relayed the way its kind needs."""
     app = request.app
     metrics, discovery = app[METRICS], app[DISCOVERY]
     if resp.status == 101:  # the sidecar drops Upgrade (hop-by-hop): nobody asked to switch
         raise UpstreamInvalidResponse(
-            f"The upstream answered 101 Switching Protocols for {ex.method} {ex.path}, which "
+            f"The upstream answered 101 Switching Protocols for {rec.method} {rec.path}, which "
             "asked for no protocol switch."
         )
     if resp.status >= 400:
-        return await error_reply(ex, resp, metrics, discovery, app[SETTINGS].error_body_bytes)
+        return await error_reply(rec, resp, metrics, discovery, app[SETTINGS].error_body_bytes)
     length = resp.content_length
     sse = is_event_stream(resp.headers.get("Content-Type"))
     # Read whole only within the memory budget; past it the answer streams, with backpressure.
     if not sse and length is not None and length <= BUFFER_LIMIT and app[BUDGET].held(length):
-        return await buffered_reply(ex, resp)
+        return await buffered_reply(rec, resp)
     if unframed_json(resp) or chunked_json_read(resp):
-        return await checked_json_reply(ex, resp)
-    return await stream_reply(request, ex, resp, metrics, discovery)
+        return await checked_json_reply(rec, resp)
+    return await stream_reply(request, rec, resp, metrics, discovery, app[IN_FLIGHT])

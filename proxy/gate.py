@@ -10,13 +10,13 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from .control import CONTROL, DATA, normalized, plane
-from .errors import SidecarFailure, Unauthorized
-from .exchange import Exchange
+from .control import plane
+from .errors import PhaseRefusal, Unauthorized
 from .keys import LIFECYCLE
 from .lifecycle import Lifecycle
-from .metrics import route_label
 from .phase import SERVING
+from .record import RequestRecord
+from .routes import CONTROL, DATA, normalized, route_label
 from .sse import is_event_stream
 
 WEIGHT_VERSION = "X-Weight-Version"
@@ -41,7 +41,9 @@ PASSAGE = web.RequestKey("passage", Passage)
 _UNTOUCHED = contextlib.nullcontext()  # reads, health, tokenize: the lifecycle has no say
 
 
-def passage(request: web.Request, ex: Exchange) -> contextlib.AbstractAsyncContextManager[None]:
+def passage(
+    request: web.Request, rec: RequestRecord
+) -> contextlib.AbstractAsyncContextManager[None]:
     """Around a request's forwarding: hold a data-plane one while the engine does not serve;
     check a control-plane one's token, and track the phase it enters and leaves."""
     kind = plane(request.method, request.path)
@@ -50,20 +52,20 @@ def passage(request: web.Request, ex: Exchange) -> contextlib.AbstractAsyncConte
     lifecycle = request.app[LIFECYCLE]
     mark = request[PASSAGE] = Passage(kind, lifecycle.version)
     if kind == CONTROL:
-        return _control(request, ex, lifecycle, mark)
-    return _Data(ex, lifecycle, mark)
+        return _control(request, rec, lifecycle, mark)
+    return _Data(rec, lifecycle, mark)
 
 
 @contextlib.asynccontextmanager
 async def _control(
-    request: web.Request, ex: Exchange, lifecycle: Lifecycle, mark: Passage
+    request: web.Request, rec: RequestRecord, lifecycle: Lifecycle, mark: Passage
 ) -> AsyncIterator[None]:
     try:
         lifecycle.authorize(request.headers.get("Authorization"))
     except Unauthorized:
         mark.unauthorized = True
         raise
-    async with lifecycle.control_call(normalized(request.path), ex, request.query_string):
+    async with lifecycle.control_call(normalized(request.path), rec, request.query_string):
         yield
 
 
@@ -71,16 +73,16 @@ class _Data:
     """A data-plane request: held while the engine does not serve, then counted as running.
     A class, not a generator: it is on every completion's path."""
 
-    __slots__ = ("ex", "lifecycle", "mark")
+    __slots__ = ("lifecycle", "mark", "rec")
 
-    def __init__(self, ex: Exchange, lifecycle: Lifecycle, mark: Passage) -> None:
-        self.ex, self.lifecycle, self.mark = ex, lifecycle, mark
+    def __init__(self, rec: RequestRecord, lifecycle: Lifecycle, mark: Passage) -> None:
+        self.rec, self.lifecycle, self.mark = rec, lifecycle, mark
 
     async def __aenter__(self) -> None:
         try:
-            await self.lifecycle.admit(self.ex)
-        except SidecarFailure as failure:
-            self.mark.retry_after = failure.extra.get("retry_after")
+            await self.lifecycle.admit(self.rec)
+        except PhaseRefusal as refusal:
+            self.mark.retry_after = refusal.retry_after
             raise
         self.mark.version = self.lifecycle.version
         self.lifecycle.running += 1

@@ -12,18 +12,17 @@ from .body import (
     MAX_SLICES,
     ModelField,
     Scan,
-    TooComplex,
     replace_model,
     scan_model,
     scan_model_in_head,
     step,
 )
 from .discovery import Discovery
-from .envelope import ModelInfo
 from .errors import BodyTooLarge, InvalidRequest, ModelAmbiguous
-from .exchange import Exchange
 from .keys import BUDGET
 from .metrics import Metrics
+from .modelkeys import TooComplex
+from .record import RequestRecord
 from .resolution import ABSENT, AMBIGUOUS, UNRESOLVED, Resolution
 
 _BODY_METHODS = frozenset(("POST", "PUT", "PATCH"))
@@ -81,7 +80,7 @@ def _outgoing(body: bytes) -> bytes | StreamedBody:
 
 
 async def read_request(
-    request: web.Request, ex: Exchange, discovery: Discovery, metrics: Metrics, limit: int
+    request: web.Request, rec: RequestRecord, discovery: Discovery, metrics: Metrics, limit: int
 ) -> bytes | StreamedBody:
     """The body to forward, with only its `model` value replaced by the served name.
 
@@ -98,7 +97,7 @@ async def read_request(
             request.app[BUDGET].hold(length)
         body = await read_body(request, limit)
         field = await _locate(scan_model(body)) if body and json_body else None
-        return _outgoing(await _resolved(body, field, ex, discovery, metrics))
+        return _outgoing(await _resolved(body, field, rec, discovery, metrics))
     try:
         head = await request.content.readexactly(HEAD_BYTES)
     except asyncio.IncompleteReadError:
@@ -108,8 +107,8 @@ async def read_request(
         request.app[BUDGET].hold(length)
         body = head + await request.content.read()
         field = await _locate(scan_model(body))
-        return _outgoing(await _resolved(body, field, ex, discovery, metrics))
-    new_head = await _resolved(head, field, ex, discovery, metrics)
+        return _outgoing(await _resolved(body, field, rec, discovery, metrics))
+    new_head = await _resolved(head, field, rec, discovery, metrics)
     return StreamedBody(new_head, request.content, length - len(head) + len(new_head))
 
 
@@ -135,37 +134,32 @@ async def _locate(scan: Scan) -> ModelField | None:
 
 
 async def _resolved(
-    body: bytes, field: ModelField | None, ex: Exchange, discovery: Discovery, metrics: Metrics
+    body: bytes,
+    field: ModelField | None,
+    rec: RequestRecord,
+    discovery: Discovery,
+    metrics: Metrics,
 ) -> bytes:
     if field is None or field.value is None:
         metrics.resolutions.labels(ABSENT, "").inc()
         return body
-    ex.requested = field.value
+    rec.requested = field.value
     res = discovery.table.resolve(field.value)
     if res.rule == UNRESOLVED:
         await discovery.refresh_on_miss()
         res = discovery.table.resolve(field.value)
-    _record(res, ex, metrics)
+    _record(res, rec, metrics)
     if res.rule == AMBIGUOUS:
         raise ModelAmbiguous(
             f"The model `{res.requested}` is ambiguous: it matches {' and '.join(res.candidates)}."
             " Ask for one of them by its served name.",
-            candidates=list(res.candidates),
+            candidates=res.candidates,
         )
     if res.served is not None and res.changed:
         return replace_model(body, field, res.served)
     return body
 
 
-def _record(res: Resolution, ex: Exchange, metrics: Metrics) -> None:
-    ex.rule, ex.resolved = res.rule, res.served
+def _record(res: Resolution, rec: RequestRecord, metrics: Metrics) -> None:
+    rec.rule, rec.resolved = res.rule, res.served
     metrics.resolutions.labels(res.rule, res.served or "").inc()
-
-
-def model_info(ex: Exchange, discovery: Discovery, *, suggest: bool) -> ModelInfo | None:
-    """The envelope's `model` block; suggestions only for names that matched nothing."""
-    if ex.requested is None:
-        return None
-    table = discovery.table
-    suggestions = table.suggestions(ex.requested) if suggest and ex.resolved is None else ()
-    return ModelInfo(ex.requested, ex.resolved, table.names, suggestions)

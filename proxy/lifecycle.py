@@ -16,16 +16,16 @@ from collections.abc import AsyncIterator
 
 from . import control, phase
 from .engine_probe import Probe, ProbeFailed
-from .errors import EnginePaused, EngineSleeping, SidecarFailure, Unauthorized, WeightSync
-from .exchange import Exchange
+from .errors import EnginePaused, EngineSleeping, PhaseRefusal, Unauthorized, WeightSync
 from .metrics import EngineMetrics
 from .phase import SERVING, Engine
+from .record import RequestRecord
 from .stalls import MIN_QUIET, Stalls
 from .upstream import Interrupted
 
 log = logging.getLogger(__name__)
 
-_REFUSALS: dict[str, type[SidecarFailure]] = {
+_REFUSALS: dict[str, type[PhaseRefusal]] = {
     phase.PAUSED: EnginePaused,
     phase.SLEEPING: EngineSleeping,
     phase.WEIGHT_SYNC: WeightSync,
@@ -94,7 +94,7 @@ class Lifecycle:
         self.metrics.weight_version.labels(version).set(1)
 
     # -- the data plane ---------------------------------------------------------------------
-    async def admit(self, ex: Exchange) -> None:
+    async def admit(self, rec: RequestRecord) -> None:
         """Return once the engine serves; past the deadline or the queue size, refuse."""
         if self.engine.phase == SERVING:
             return
@@ -104,8 +104,8 @@ class Lifecycle:
                 why = "--phase-hold-timeout is 0: no request is held"
             else:
                 why = f"{self.held} requests are held already (--phase-hold-queue)"
-            raise self.refusal(ex.route, why)
-        self.metrics.requests.labels(held_in, ex.route, "held").inc()
+            raise self.refusal(rec.route, why)
+        self.metrics.requests.labels(held_in, rec.route, "held").inc()
         self.held += 1
         self.metrics.held.inc()
         try:
@@ -114,12 +114,12 @@ class Lifecycle:
                     await self._serving.wait()
         except TimeoutError:
             why = f"held {self.hold_timeout:g}s (--phase-hold-timeout)"
-            raise self.refusal(ex.route, why) from None
+            raise self.refusal(rec.route, why) from None
         finally:
             self.held -= 1
             self.metrics.held.dec()
 
-    def refusal(self, route: str, why: str, outcome: str = "refused") -> SidecarFailure:
+    def refusal(self, route: str, why: str, outcome: str = "refused") -> PhaseRefusal:
         """The failure for a request the current phase refused (or, `cut`, a stream it stalled)."""
         now = self.engine.phase
         self.metrics.requests.labels(now, route, outcome).inc()
@@ -153,7 +153,7 @@ class Lifecycle:
             )
 
     @contextlib.asynccontextmanager
-    async def control_call(self, path: str, ex: Exchange, query: str) -> AsyncIterator[None]:
+    async def control_call(self, path: str, rec: RequestRecord, query: str) -> AsyncIterator[None]:
         """Enter the call's phase when it is sent; settle it on the answer, revert on failure."""
         if path not in phase.TRANSITIONS and path not in _VERSIONING:
             yield
@@ -183,7 +183,7 @@ class Lifecycle:
             raise
         finally:
             self.calls -= 1
-        if not 200 <= ex.status < 300:
+        if not 200 <= rec.status < 300:
             self._revert(before, sent, path)
             return
         await self._settled(path, query)

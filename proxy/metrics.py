@@ -6,42 +6,13 @@ from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-# vLLM 0.32's routes (default and dev mode) and SkyRL's (0.2 and 0.4) routes; anything else is
-# counted as `other` so that a client cannot mint label values.
-KNOWN_ROUTES = frozenset(
-    (
-        "/health /ping /load /version /metrics /tokenize /detokenize /invocations /server_info "
-        "/v1/models /v1/completions /v1/chat/completions /v1/chat/completions/batch /v1/messages "
-        "/v1/messages/count_tokens /v1/responses /v1/embeddings /v1/score /v1/rerank /pooling "
-        "/score /rerank /classify /generative_scoring /v1/audio/transcriptions "
-        "/v1/audio/translations /v1/load_lora_adapter /v1/unload_lora_adapter /sleep /wake_up "
-        "/is_sleeping /pause /resume /is_paused /reset_prefix_cache /reset_mm_cache "
-        "/reset_encoder_cache /collective_rpc /abort_requests /release_kv_cache_memory "
-        "/init_weight_transfer_engine /start_weight_update /finish_weight_update /update_weights "
-        "/update_weight_version /weight_info /weight_checker /get_world_size "
-        "/init_weight_update_communicator /update_weights_skyrl /destroy_weights_update_group "
-        "/kv_event_sources /is_scaling_elastic_ep /scale_elastic_ep "
-        "/start_draft_weight_update /shutdown_weight_transfer_engine /fetch_weights "
-        # vLLM's scale-out routes (`--enable-scale-out`) and SkyRL 0.4's RemoteInferenceClient.
-        "/inference/v1/generate /v1/chat/completions/render /v1/completions/render "
-        "/skyrl/v1/generate /skyrl/v1/load_lora_adapter /finish_session"
-    ).split()
-)
+# Route labels are bounded by the table in routes.py (`route_label`); methods by this set.
 METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
 OTHER = "other"
 
 # Generations can run for many minutes: buckets reach 600 s.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
-
-
-def route_label(path: str) -> str:
-    """A bounded route template for a raw path."""
-    if path in KNOWN_ROUTES:
-        return path
-    if path.startswith("/v1/responses/"):
-        return "/v1/responses/{id}/cancel" if path.endswith("/cancel") else "/v1/responses/{id}"
-    return OTHER
 
 
 def method_label(method: str) -> str:
@@ -79,7 +50,19 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        route = ("route",)
+        self._outcomes()
+        self._on_the_way()
+        self._upstream()
+        self._holdings()
+        self.engine = EngineMetrics(registry)
+        self.background_errors = self._counter(
+            "background_errors",
+            "Rounds of the health or discovery loop that failed unexpectedly (and were survived).",
+            ("task",),
+        )
+
+    def _outcomes(self) -> None:
+        """How each request ended: its status, its times, its failures."""
         self.requests = self._counter(
             "requests",
             "Requests answered, by route, method and status sent.",
@@ -105,6 +88,10 @@ class Metrics:
             "Failures by route, source (upstream|sidecar), reason and status.",
             ("route", "source", "reason", "status"),
         )
+
+    def _on_the_way(self) -> None:
+        """What happens to requests on their way: resolutions, requests in flight, hang-ups."""
+        registry, route = self.registry, ("route",)
         self.resolutions = self._counter(
             "model_resolutions",
             "Model resolutions by the rule that decided them.",
@@ -121,6 +108,10 @@ class Metrics:
         self.disconnects = self._counter(
             "client_disconnects", "Clients that hung up before the response was complete.", route
         )
+
+    def _upstream(self) -> None:
+        """The upstream as the background checks see it."""
+        registry = self.registry
         self.upstream_up = Gauge(
             PREFIX + "upstream_up",
             "1 when the upstream answered its last health check, else 0.",
@@ -129,6 +120,10 @@ class Metrics:
         self.discoveries = self._counter(
             "discoveries", "Reads of the upstream's /v1/models, by outcome.", ("outcome",)
         )
+
+    def _holdings(self) -> None:
+        """What clients hold of the sidecar: connections and buffered bodies."""
+        registry = self.registry
         self.client_connections = Gauge(
             PREFIX + "client_connections",
             "Client connections open on the proxy port.",
@@ -148,12 +143,6 @@ class Metrics:
             PREFIX + "buffer_budget_refusals",
             "Bodies the memory budget had no room for: a response streamed, a request refused.",
             registry=registry,
-        )
-        self.engine = EngineMetrics(registry)
-        self.background_errors = self._counter(
-            "background_errors",
-            "Rounds of the health or discovery loop that failed unexpectedly (and were survived).",
-            ("task",),
         )
 
     def _counter(self, name: str, doc: str, labels: tuple[str, ...]) -> Family[Counter]:
@@ -200,6 +189,10 @@ class EngineMetrics:
                 registry=registry,
             )
         )
+        self._requests(registry)
+
+    def _requests(self, registry: CollectorRegistry) -> None:
+        """What phases did to requests."""
         self.requests = Family(
             Counter(
                 PREFIX + "phase_requests",

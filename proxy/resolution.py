@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,7 +175,3 @@ def parse_models_list(payload: Any) -> list[ServedModel]:
         root = item.get("root")
         out.append(ServedModel(item["id"], root if isinstance(root, str) else None))
     return out
-
-
-def from_names(names: Iterable[str]) -> list[ServedModel]:
-    return [ServedModel(n) for n in names]

@@ -114,7 +114,10 @@ class Settings(BaseSettings):
     @field_validator("served_model_names", mode="before")
     @classmethod
     def _names(cls, value: Any) -> Any:
-        return _split(value) or None if value is not None else None
+        """Comma-separated names, or a list; none, or an empty list: ask /v1/models."""
+        if value is None:
+            return None
+        return _split(value) or None
 
     @field_validator("aliases", mode="before")
     @classmethod
@@ -132,8 +135,11 @@ class Settings(BaseSettings):
 
     @field_validator("read_timeout", mode="before")
     @classmethod
-    def _none(cls, value: Any) -> Any:
-        return None if isinstance(value, str) and value.lower() in ("", "none", "0") else value
+    def _no_read_timeout(cls, value: Any) -> Any:
+        """`none`, `0` or nothing: no read timeout, as when the option is absent."""
+        if isinstance(value, str) and value.lower() in ("", "none", "0"):
+            return None
+        return value
 
     @model_validator(mode="after")
     def _token_file(self) -> Settings:

@@ -122,8 +122,15 @@ def _pool_queue_trace() -> aiohttp.TraceConfig:
     return trace
 
 
-def base_url(settings: Settings) -> URL:
-    return URL(settings.upstream_url)
+async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+    """At most `limit` bytes of the body, and whether there was more."""
+    parts, size = [], 0
+    async for chunk in resp.content.iter_any():
+        parts.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return b"".join(parts)[:limit], True
+    return b"".join(parts), False
 
 
 def target(base: URL, raw_path_qs: str) -> URL:

@@ -270,3 +270,24 @@ def test_lone_surrogates_are_replaced_not_fatal() -> None:
     assert json.loads(envelope.encode(env)) == {
         "error": {"upstream": {"content_type": "text/?"}, "text/?": ["text/?", 1]}
     }
+
+
+def test_ambiguous_model_suggests_its_candidates() -> None:
+    failure = ModelAmbiguous("two match", candidates=("a/tiny", "b/tiny"))
+    model = ModelInfo("tiny", None, ("a/tiny", "b/tiny"))
+    err = envelope.from_failure(failure, request_id="r", model=model)["error"]
+    assert err["model"]["suggestions"] == ["a/tiny", "b/tiny"]
+    assert err["param"] == "model"
+
+
+def test_wire_order_of_the_envelope_keys() -> None:
+    reply = UpstreamReply(404, "POST", "/v1/completions", "application/json", {"x": 1})
+    env = envelope.from_upstream_status(reply, request_id="r", model=ModelInfo("X", None))
+    assert envelope.encode(env) == (
+        b'{"error":{"message":"Upstream returned 404 for POST /v1/completions: {\\"x\\":1}",'
+        b'"type":"NotFoundError","param":null,"code":404,"source":"upstream",'
+        b'"reason":"upstream_status","retryable":false,"request_id":"r",'
+        b'"model":{"requested":"X","resolved":null,"served":[],"suggestions":[]},'
+        b'"upstream":{"status":404,"method":"POST","path":"/v1/completions",'
+        b'"content_type":"application/json","body":{"x":1},"body_truncated":false}}}'
+    )

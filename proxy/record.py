@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 from .errors import SidecarFailure
 from .logs import capped, text_field
-from .metrics import Metrics, method_label, route_label
+from .metrics import Metrics, method_label
 from .resolution import ABSENT
+from .routes import route_label
 
 log = logging.getLogger("proxy.access")
 
@@ -17,7 +18,7 @@ CLIENT_CLOSED = 499  # nginx's convention for a client that hung up before the a
 
 
 @dataclass(slots=True)
-class Exchange:
+class RequestRecord:
     method: str
     path: str
     request_id: str
@@ -43,6 +44,16 @@ class Exchange:
         """Count one failure; the first one names the request's outcome in the log."""
         metrics.failures.labels(self.route, source, reason, str(status)).inc()
         self.reason = self.reason or reason
+
+    def disconnected(self, metrics: Metrics) -> None:
+        """Count a client that hung up; its hang-up names the outcome unless a failure did."""
+        metrics.disconnects.labels(self.route).inc()
+        self.reason = self.reason or "client_disconnected"
+
+    def client_left(self, metrics: Metrics) -> None:
+        """A client that left before its answer was complete (status 499, nginx's)."""
+        self.disconnected(metrics)
+        self.status = CLIENT_CLOSED
 
     def fail_with(self, metrics: Metrics, failure: SidecarFailure) -> None:
         self.fail(metrics, failure.source, failure.reason, failure.status)
