@@ -125,20 +125,25 @@ async def stamp(request: web.Request, response: web.StreamResponse) -> None:
         lifecycle.count_abort(route_label(request.path))
 
 
-def stream_ended(request: web.Request, *, aborted: bool) -> bytes:
-    """What to append to a data-plane SSE stream that ended as vLLM sent it.
+def stream_aborted(request: web.Request) -> None:
+    """Count a data-plane stream vLLM aborted (`finish_reason: "abort"`, seen by the SSE
+    watcher) outside serving; called however the stream ended, also when the client left
+    right after vLLM's `[DONE]`."""
+    mark = request.get(PASSAGE)
+    lifecycle = request.app[LIFECYCLE]
+    if mark is not None and mark.plane == DATA and lifecycle.phase != SERVING:
+        lifecycle.count_abort(route_label(request.path))
 
-    Counts an abort (vLLM's `finish_reason: "abort"`, seen by the SSE watcher) and, when the
-    weight version changed while it ran (a `keep` pause around a weight update), appends a named
-    event after vLLM's `[DONE]`: SSE clients that listen for `weight_version` read it; the
-    openai SDK stops at `[DONE]` and never sees it.
-    """
+
+def version_change(request: web.Request) -> bytes:
+    """What to append to a data-plane SSE stream that ended as vLLM sent it: when the weight
+    version changed while it ran (a `keep` pause around a weight update), a named event after
+    vLLM's `[DONE]`. SSE clients that listen for `weight_version` read it; the openai SDK stops
+    at `[DONE]` and never sees it."""
     mark = request.get(PASSAGE)
     if mark is None or mark.plane != DATA:
         return b""
     lifecycle = request.app[LIFECYCLE]
-    if lifecycle.phase != SERVING and aborted:
-        lifecycle.count_abort(route_label(request.path))
     if mark.version is None or lifecycle.version in (None, mark.version):
         return b""
     change = {"weight_version": lifecycle.version, "previous": mark.version}

@@ -13,7 +13,7 @@ from .drain import InFlight
 from .envelope import ModelInfo
 from .errors import ShuttingDown, SidecarFailure, UpstreamInvalidResponse
 from .failures import model_info, sse_error
-from .gate import stream_ended
+from .gate import stream_aborted, version_change
 from .headers import drop, response_headers
 from .metrics import Metrics
 from .record import RequestRecord
@@ -102,6 +102,9 @@ async def stream_reply(
         if sse and in_flight.draining:
             await stream.end_with(ShuttingDown(_GRACE_OVER), info)
         raise
+    finally:
+        if stream.aborted:
+            stream_aborted(request)  # engine lifecycle: counted however the stream ends
     if failure is not None:
         rec.fail_with(metrics, failure)
         if not sse:
@@ -112,8 +115,8 @@ async def stream_reply(
         await stream.end_with(failure, info)
     if stream.client_gone:
         return out
-    if sse and (tail := stream_ended(request, aborted=stream.aborted)):
-        await stream.write(tail)  # engine lifecycle: an abort counted, a weight-version change
+    if sse and (tail := version_change(request)):
+        await stream.write(tail)  # engine lifecycle: the weight version changed mid-stream
     await stream.finish()
     return out
 

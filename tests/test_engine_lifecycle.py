@@ -13,7 +13,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.keys import LIFECYCLE
-from tests.fake_vllm import FakeVLLM, hang, raw, respond
+from tests.fake_vllm import FakeVLLM, hang, raw, respond, sse_chunk, start_sse
 from tests.sidecar import MakeSidecar, Sidecar
 from tests.support import eventually
 
@@ -135,6 +135,37 @@ async def test_an_aborted_stream_ends_as_vllm_sent_it_and_is_counted(
     assert not any("error" in e or "weight_version" in e for e in events)
     labels = {"phase": "paused", "route": "/v1/completions", "outcome": "aborted"}
     assert lifecycle.metric(FAMILY, **labels) == 1
+
+
+async def test_an_aborted_stream_is_counted_when_the_client_leaves_at_done(
+    lifecycle: Sidecar, fake: FakeVLLM
+) -> None:
+    # A client (the openai SDK) stops reading at `[DONE]` and closes; the abort it carried is
+    # still counted. The scripted vLLM keeps its connection open after `[DONE]`, so the
+    # sidecar's handler is cancelled while it waits for the end of the upstream body.
+    release, closed = asyncio.Event(), asyncio.Event()
+
+    async def aborted_then_open(request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        resp = await start_sse(request)
+        await resp.write(sse_chunk("tiny-model", 0))
+        await release.wait()
+        await resp.write(sse_chunk("tiny-model", 1, finish="abort") + b"data: [DONE]\n\n")
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            closed.set()
+        return resp
+
+    fake.script("POST /v1/completions", aborted_then_open)
+    async with lifecycle.client.post("/v1/completions", json=STREAM) as resp:
+        await resp.content.readuntil(b"\n\n")
+        assert (await control(lifecycle, "/pause?mode=abort")).status == 200
+        release.set()
+        await resp.content.readuntil(b"data: [DONE]\n\n")
+        resp.close()
+    await asyncio.wait_for(closed.wait(), 10)  # the sidecar let go of the upstream request
+    labels = {"phase": "paused", "route": "/v1/completions", "outcome": "aborted"}
+    await eventually(lambda: lifecycle.metric(FAMILY, **labels) == 1, "the abort counted")
 
 
 async def test_an_aborted_completion_is_counted(lifecycle: Sidecar, fake: FakeVLLM) -> None:
