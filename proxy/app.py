@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
+from yarl import URL
 
 from .discovery import Discovery
 from .drain import InFlight
@@ -23,15 +24,23 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
             yield
 
 
-def create_app(settings: Settings, *, registry: CollectorRegistry | None = None) -> web.Application:
-    """The proxy application: every method and path is forwarded to the upstream."""
+def create_app(
+    settings: Settings,
+    *,
+    registry: CollectorRegistry | None = None,
+    discovery: Callable[[Settings, Metrics, URL], Discovery] = Discovery,
+) -> web.Application:
+    """The proxy application: every method and path is forwarded to the upstream.
+
+    `discovery` makes the served-name and health tracker; worker processes get one that follows
+    the supervisor's (see `podstate`)."""
     # A body up to the limit must reach the handler, which answers 413 with an envelope itself.
     app = web.Application(client_max_size=settings.max_body_bytes)
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
     app[SETTINGS] = settings
     app[METRICS] = metrics
     app[UPSTREAM] = base_url(settings)
-    app[DISCOVERY] = Discovery(settings, metrics, app[UPSTREAM])
+    app[DISCOVERY] = discovery(settings, metrics, app[UPSTREAM])
     app[IN_FLIGHT] = InFlight()
     app.cleanup_ctx.append(_upstream_ctx)
     app.router.add_route("*", "/{tail:.*}", handle)

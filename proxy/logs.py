@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
+import os
+import select
 import sys
 import time
 from typing import Any
@@ -62,17 +65,58 @@ def flush() -> None:
             handler.flush_now()
 
 
-def _stderr_handler() -> logging.Handler:
+class WholeLines(io.TextIOBase):
+    """A buffer for a stream several processes share (`--workers N`): it writes whole lines
+    only, in blocks of at most PIPE_BUF bytes, which POSIX writes to a pipe in one piece; a
+    64 KiB block could be split, and another worker's line land in the middle of one."""
+
+    def __init__(self, fd: int, limit: int = 1 << 16) -> None:
+        self._fd, self._limit = fd, limit
+        self._lines: list[bytes] = []
+        self._size = 0
+
+    def write(self, text: str) -> int:
+        line = text.encode("utf-8", "backslashreplace")  # StreamHandler: one record per call
+        self._lines.append(line)
+        self._size += len(line)
+        if self._size >= self._limit:
+            self.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        block: list[bytes] = []
+        size = 0
+        for line in self._lines:
+            if block and size + len(line) > select.PIPE_BUF:
+                self._write(b"".join(block))
+                block, size = [], 0
+            block.append(line)
+            size += len(line)
+        if block:
+            self._write(b"".join(block))
+        self._lines.clear()
+        self._size = 0
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+
+def _stderr_handler(shared: bool) -> logging.Handler:
     try:
         fd = sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):  # stderr replaced by something without a fd
         return logging.StreamHandler(sys.stderr)
+    if shared:
+        return BufferedStreamHandler(WholeLines(fd))
     stream = open(fd, "w", buffering=1 << 16, closefd=False, errors="backslashreplace")
     return BufferedStreamHandler(stream)
 
 
-def setup(level: str, fmt: str, *, access_log: bool = True) -> None:
-    handler = _stderr_handler()
+def setup(level: str, fmt: str, *, access_log: bool = True, shared: bool = False) -> None:
+    """`shared`: stderr is written by several processes (`--workers N`)."""
+    handler = _stderr_handler(shared)
     if fmt == "json":
         formatter: logging.Formatter = JSONFormatter()
         formatter.converter = time.gmtime

@@ -112,6 +112,8 @@ class Metrics:
                 "Requests being served now.",
                 route,
                 registry=registry,
+                # With --workers N, each process's count lives in its file until it exits.
+                multiprocess_mode="livesum",
             )
         )
         self.disconnects = self._counter(
@@ -121,6 +123,9 @@ class Metrics:
             PREFIX + "upstream_up",
             "1 when the upstream answered its last health check, else 0.",
             registry=registry,
+            # The supervisor checks once per pod and every worker mirrors it: the live maximum
+            # is the supervisor's answer, and a dead worker's last value cannot linger.
+            multiprocess_mode="livemax",
         )
         self.discoveries = self._counter(
             "discoveries", "Reads of the upstream's /v1/models, by outcome.", ("outcome",)
@@ -132,4 +137,21 @@ class Metrics:
     def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Family[Histogram]:
         return Family(
             Histogram(PREFIX + name, doc, ("route",), buckets=buckets, registry=self.registry)
+        )
+
+
+class WorkerMetrics:
+    """The supervisor's own metrics with `--workers` above 1."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.restarts = Counter(
+            PREFIX + "worker_restarts",
+            "Worker processes that exited unexpectedly and were started again.",
+            registry=registry,
+        )
+        self.live = Gauge(
+            PREFIX + "workers",
+            "Worker processes serving the proxy port now.",
+            registry=registry,
+            multiprocess_mode="livemax",
         )

@@ -1,0 +1,185 @@
+"""`--workers 2` with the real CLI: traffic through both workers, one pod-wide /metrics summed
+exactly, one discovery for the pod, a drain on SIGTERM, a killed worker replaced and counted."""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.fake_vllm import FakeVLLM
+from tests.support import eventually, free_port, wait_http_ok
+
+COMPLETIONS = ("vllm_sidecar_requests_total", "POST", "/v1/completions", "200")
+
+
+@dataclass
+class Pod:
+    proc: subprocess.Popen[bytes]
+    url: str
+    admin: str
+    log: Path
+
+    def workers(self) -> list[int]:
+        """The supervisor's live children, from /proc."""
+        found = []
+        for stat in glob.glob("/proc/[0-9]*/stat"):
+            try:
+                raw = Path(stat).read_text()
+            except OSError:
+                continue
+            fields = raw[raw.rindex(")") + 2 :].split()
+            if int(fields[1]) == self.proc.pid and fields[0] != "Z":
+                found.append(int(stat.split("/")[2]))
+        return sorted(found)
+
+    def metrics_dir(self) -> str:
+        worker = self.workers()[0]
+        environ = Path(f"/proc/{worker}/environ").read_bytes().split(b"\0")
+        [entry] = [e for e in environ if e.startswith(b"PROMETHEUS_MULTIPROC_DIR=")]
+        return entry.split(b"=", 1)[1].decode()
+
+    async def metric(self, name: str, **labels: str) -> float | None:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(self.admin + "/metrics") as resp:
+                text = await resp.text()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and sample.labels == labels:
+                    return sample.value
+        return None
+
+
+@pytest.fixture
+async def pod(upstream: TestServer, tmp_path: Path) -> AsyncIterator[Pod]:
+    port, admin = free_port(), free_port()
+    log = tmp_path / "sidecar.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "--upstream-url", str(upstream.make_url("")),
+             "--host", "127.0.0.1", "--port", str(port), "--admin-port", str(admin),
+             "--health-interval", "0.1", "--miss-refresh-interval", "0", "--workers", "2",
+             "--shutdown-grace", "10"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    pod = Pod(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}", log)
+    try:
+        await wait_http_ok(pod.admin + "/readyz")
+        await eventually(lambda: len(pod.workers()) == 2)
+        yield pod
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(proc.wait, 20)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def complete(url: str, model: str = "tiny-model", **extra: object) -> aiohttp.ClientResponse:
+    """One request on a connection of its own, so that the kernel picks a worker for each."""
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async with session.post(
+            url + "/v1/completions", json={"model": model, "prompt": "x", **extra}
+        ) as resp:
+            await resp.read()
+            return resp
+
+
+def requests_in(db: str) -> float:
+    """One process's own count of answered completions, from its file alone."""
+    [family] = [
+        f
+        for f in MultiProcessCollector.merge([db])  # type: ignore[no-untyped-call]
+        if f.name == "vllm_sidecar_requests"
+    ]
+    return sum(s.value for s in family.samples if s.labels.get("route") == "/v1/completions")
+
+
+async def test_traffic_reaches_both_workers_and_metrics_sum_exactly(pod: Pod) -> None:
+    workers = pod.workers()
+    assert len(workers) == 2
+    assert pod.proc.pid not in workers
+    k = 40
+    statuses = [(await complete(pod.url)).status for _ in range(k)]
+    assert statuses == [200] * k
+    labels = dict(zip(("method", "route", "status"), COMPLETIONS[1:], strict=True))
+    assert await pod.metric(COMPLETIONS[0], **labels) == k
+    # Per process: each worker answered some, and the two add up to the pod's figure.
+    path = pod.metrics_dir()
+    counts = {pid: requests_in(os.path.join(path, f"counter_{pid}.db")) for pid in workers}
+    assert all(n > 0 for n in counts.values()), counts
+    assert sum(counts.values()) == k
+    assert await pod.metric("vllm_sidecar_in_flight_requests", route="/v1/completions") == 0
+    assert await pod.metric("vllm_sidecar_workers") == 2
+
+
+async def test_an_unknown_name_is_looked_up_once_for_the_whole_pod(
+    pod: Pod, fake: FakeVLLM
+) -> None:
+    reads = sum(r.raw_path == "/v1/models" for r in fake.requests)
+    assert reads == 1  # at start, by the supervisor; the workers read nothing themselves
+    fake.served.append(("new-model", "/models/new-model"))
+    # Resolvable only through the new root: every worker must learn the refreshed table.
+    statuses = [(await complete(pod.url, "/models/new-model")).status for _ in range(10)]
+    assert statuses == [200] * 10
+    assert [r.json()["model"] for r in fake.requests if r.method == "POST"] == ["new-model"] * 10
+    assert sum(r.raw_path == "/v1/models" for r in fake.requests) == reads + 1
+    async with aiohttp.ClientSession() as session:
+        async with session.get(pod.admin + "/models") as resp:
+            served = [m["id"] for m in (await resp.json())["served"]]
+    assert served == ["tiny-model", "new-model"]
+
+
+async def test_sigterm_drains_every_worker(pod: Pod, fake: FakeVLLM) -> None:
+    fake.stream_events, fake.stream_delay = 10, 0.1
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            pod.url + "/v1/completions", json={"model": "tiny-model", "prompt": "x", "stream": True}
+        ) as resp:
+            await resp.content.readuntil(b"\n\n")
+            workers = pod.workers()
+            pod.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.3)
+            for _ in range(4):  # whichever worker the kernel would pick: none listens
+                with pytest.raises(aiohttp.ClientConnectorError):
+                    await complete(pod.url)
+            async with session.get(pod.admin + "/readyz") as ready:
+                assert ready.status == 503
+                assert (await ready.json())["reason"] == "draining"
+            events = [e for e in (await resp.text()).split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    assert len(events) == 10  # nine after the first, then [DONE]
+    assert await asyncio.to_thread(pod.proc.wait, 20) == 0
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
+
+
+async def test_a_killed_worker_is_replaced_counted_and_logged(pod: Pod) -> None:
+    victim, survivor = pod.workers()
+    os.kill(victim, signal.SIGKILL)
+    await eventually(lambda: len(pod.workers()) == 2 and victim not in pod.workers())
+    assert survivor in pod.workers()
+    assert await pod.metric("vllm_sidecar_worker_restarts_total") == 1
+
+    async def two_listening() -> None:
+        while await pod.metric("vllm_sidecar_workers") != 2:
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(two_listening(), 10)
+    statuses = [(await complete(pod.url)).status for _ in range(10)]
+    assert statuses == [200] * 10
+    assert f"(pid {victim}) exited with SIGKILL" in pod.log.read_text()
