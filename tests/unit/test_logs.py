@@ -5,6 +5,9 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import subprocess
+import sys
 
 from proxy.logs import BufferedStreamHandler, JSONFormatter
 
@@ -46,3 +49,35 @@ def test_json_lines_carry_the_request_fields() -> None:
     assert (out["status"], out["request_id"], out["model_requested"]) == (200, "r1", "a/b")
     assert out["level"] == "info"
     assert out["ts"].endswith("Z")
+
+
+
+WRITER = """
+import logging, sys
+from proxy.logs import BufferedStreamHandler, WholeLines
+handler = BufferedStreamHandler(WholeLines(1))
+for i in range(20000):
+    line = sys.argv[1] * 200 + str(i)
+    handler.handle(logging.LogRecord("x", logging.INFO, "", 1, line, (), None))
+    if i % 3000 == 0:
+        handler.flush_now()
+handler.close()
+"""
+
+
+def test_workers_sharing_one_pipe_never_cut_each_others_lines() -> None:
+    # Two processes write their buffered log lines into one pipe, as N workers do into a
+    # container's stdout: every line that comes out must be one process's, whole.
+    read, write = os.pipe()
+    writers = [
+        subprocess.Popen([sys.executable, "-c", WRITER, tag], stdout=write) for tag in "abc"
+    ]
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        lines = pipe.read().decode().splitlines()
+    assert [proc.wait(30) for proc in writers] == [0, 0, 0]
+    assert len(lines) == 60000
+    for line in lines:
+        tag = line[0]
+        assert line[:200] == tag * 200, line[:80] + "..." + line[-20:]
+        assert line[200:].isdigit(), line[:80] + "..." + line[-20:]
