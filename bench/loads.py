@@ -13,6 +13,7 @@ from procs import http
 
 BENCH = Path(__file__).resolve().parent
 SSE_EVENTS = 20
+LONG_SSE_EVENTS = 500
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,12 @@ class Scenario:
     body: str  # "small" or "ids8mb"
     stream: bool
     connections: int
+    events: int = SSE_EVENTS  # SSE events per answer; the fake upstream reads ?events=
+
+    @property
+    def path(self) -> str:
+        query = f"?events={self.events}" if self.events != SSE_EVENTS else ""
+        return "/v1/completions" + query
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -32,6 +39,15 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("sse-c1", f"SSE ({SSE_EVENTS} events), 1 connection", "small", True, 1),
         Scenario("sse-c64", f"SSE ({SSE_EVENTS} events), 64 connections", "small", True, 64),
         Scenario("ids8mb-c1", "8 MB token-id prompt, 1 connection", "ids8mb", False, 1),
+        # The cost of one relayed event: against sse-c64, the same requests with 25x the events.
+        Scenario(
+            "sse500-c64",
+            f"SSE ({LONG_SSE_EVENTS} events), 64 connections",
+            "small",
+            True,
+            64,
+            LONG_SSE_EVENTS,
+        ),
     )
 }
 
@@ -62,13 +78,14 @@ class CheckFailed(Exception):
     """A target answered a pre-flight request wrongly: it is not timed."""
 
 
-def check(url: str, body: bytes, stream: bool) -> str:
+def check(url: str, body: bytes, stream: bool, expected_events: int = SSE_EVENTS) -> str:
+    """`url` with the path (and the `?events=` query of a long stream)."""
     """Send one request and prove it reached the upstream with the served model.
 
     The fake upstream answers 404 to any model but the served one, so a 200 here means the
     target forwarded (and, for HF-path bodies, rewrote) the model.
     """
-    status, headers, data = http("POST", url + "/v1/completions", body, timeout=120)
+    status, headers, data = http("POST", url, body, timeout=120)
     if status != 200:
         raise CheckFailed(f"status {status}: {data[:300]!r}")
     ctype = headers.get("content-type", "")
@@ -76,8 +93,8 @@ def check(url: str, body: bytes, stream: bool) -> str:
         events = [e for e in data.split(b"\n\n") if e.startswith(b"data: ")]
         if not ctype.startswith("text/event-stream") or events[-1:] != [b"data: [DONE]"]:
             raise CheckFailed(f"not an SSE stream ending in [DONE]: {ctype} {data[-200:]!r}")
-        if len(events) < SSE_EVENTS + 1:
-            raise CheckFailed(f"{len(events)} SSE events, expected {SSE_EVENTS} + [DONE]")
+        if len(events) != expected_events + 1:
+            raise CheckFailed(f"{len(events)} SSE events, expected {expected_events} + [DONE]")
         return f"200, {len(events) - 1} events + [DONE]"
     payload = json.loads(data)
     if payload.get("object") != "text_completion" or not payload.get("choices"):
@@ -86,7 +103,7 @@ def check(url: str, body: bytes, stream: bool) -> str:
 
 
 def wrk(
-    url: str,
+    url: str,  # with the path
     body_file: Path,
     connections: int,
     seconds: float,
@@ -96,7 +113,7 @@ def wrk(
     duration = max(1, math.ceil(seconds))  # wrk takes whole seconds
     argv = ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency"]
     argv += [f"--timeout={timeout_s}s", "-s", str(BENCH / "wrk" / "post.lua")]
-    argv += [url + "/v1/completions", "--", str(body_file)]
+    argv += [url, "--", str(body_file)]
     if cpus:
         argv = ["taskset", "-c", cpus, *argv]
     out = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=duration + 120)

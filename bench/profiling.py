@@ -172,11 +172,12 @@ def soak(
         assert running.child is not None
         pid = running.child.pid
         body = bodies[("small", HF_PATH, False)]
-        loads.check(running.url, body.read_bytes(), stream=False)
+        url = running.url + "/v1/completions"
+        loads.check(url, body.read_bytes(), stream=False)
         samples.append({"t": 0.0, "rss_mb": rss_bytes(pid) / 2**20, "requests": 0})
         t0, total = time.monotonic(), 0
         while time.monotonic() - t0 < args.soak:
-            res = loads.wrk(running.url, body, 64, min(30.0, args.soak), args.load_cpus)
+            res = loads.wrk(url, body, 64, min(30.0, args.soak), args.load_cpus)
             total += int(res["requests"])  # type: ignore[call-overload]
             sample = {"t": round(time.monotonic() - t0, 1), "rss_mb": rss_bytes(pid) / 2**20}
             samples.append({**sample, "requests": total})

@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import loads
 import profiling
 import report
-from procs import cpu_seconds, http, rss_bytes, settle
+from procs import cpu_seconds, http, rss_bytes, rss_each, settle
+from scaling import cpu_list, scaling_targets
 from targets import (
     BENCH,
     HF_PATH,
@@ -67,6 +68,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=[],
         metavar="LABEL=FLAGS",
         help="also time the sidecar with extra flags, e.g. quiet='--log-level warning'",
+    )
+    p.add_argument(
+        "--scale",
+        metavar="N,N",
+        help="also time `--workers N` for each N (e.g. 1,2), on N cores: the proxy's first,\n"
+        "then the load generator's (shared with it, and the report says so)",
     )
     p.add_argument("--no-install", action="store_true", help="skip peers that are not installed")
     p.add_argument("--out", type=Path, help="results folder (default bench/results/<time>)")
@@ -138,8 +145,9 @@ def run_cell(
     body: Path,
 ) -> dict[str, Any]:
     row: dict[str, Any] = {"target": name, "scenario": scen.name, "status": "ok"}
+    url += scen.path
     try:
-        row["check"] = loads.check(url, body.read_bytes(), scen.stream)
+        row["check"] = loads.check(url, body.read_bytes(), scen.stream, scen.events)
     except (loads.CheckFailed, OSError, ValueError) as err:
         return {**row, "status": "check_failed", "reason": str(err)[:300]}
     seconds = args.seconds
@@ -190,6 +198,9 @@ def start_target(
 ) -> Running | None:
     name = target.name
     info: dict[str, Any] = {"label": target.label, "aliasing": target.aliasing, "status": "ok"}
+    if target.workers:
+        shared = set(cpu_list(target.cpus)) & set(cpu_list(args.load_cpus))
+        info.update(workers=target.workers, cpus=target.cpus, shares_load_cpus=bool(shared))
     doc["targets"][name] = info
     reason = target.missing()
     if reason and target.install and not args.no_install:
@@ -282,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             "big_bytes": bodies[("ids8mb", SERVED, False)].stat().st_size,
             "profile": args.profile,
             "rounds": args.rounds,
+            "scale": args.scale,
         },
         "targets": {},
         "runs": [],
@@ -289,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     chosen = [TARGETS[n] for n in args.targets.split(",")]
     chosen += [sidecar_variant(*v.split("=", 1)) for v in args.variant]
+    chosen += scaling_targets(args.scale, args.proxy_cpus, args.load_cpus)
     upstream = start_upstream(env)
     started: list[tuple[Target, Running]] = []
     try:
@@ -305,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         for target, running in started:
             pid = running.child.pid if running.child else None
             doc["targets"][target.name]["idle_rss_mb"] = rss_bytes(pid) / 2**20 if pid else None
+            each = [b / 2**20 for b in rss_each(pid)] if pid else []
+            doc["targets"][target.name]["idle_rss_each_mb"] = each
         measure(args, env, started, bodies, doc)
         for target, running in started:
             pid = running.child.pid if running.child else None
