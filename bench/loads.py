@@ -23,12 +23,9 @@ class Scenario:
     body: str  # "small" or "ids8mb"
     stream: bool
     connections: int
-    events: int = SSE_EVENTS  # SSE events per answer; the fake upstream reads ?events=
-
-    @property
-    def path(self) -> str:
-        query = f"?events={self.events}" if self.events != SSE_EVENTS else ""
-        return "/v1/completions" + query
+    # SSE events per answer. More than the fake upstream's usual 20 are asked for as vLLM
+    # would be: `max_tokens` with `ignore_eos`, so every proxy passes the request on unchanged.
+    events: int = SSE_EVENTS
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -52,7 +49,9 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 
-def make_body(kind: str, model: str, stream: bool, big_bytes: int) -> bytes:
+def make_body(
+    kind: str, model: str, stream: bool, big_bytes: int, events: int = SSE_EVENTS
+) -> bytes:
     """A SkyRL-like /v1/completions body: `model` first, a token-id prompt, sampling params."""
     rng = random.Random(0)
     ids: list[int] = []
@@ -71,6 +70,8 @@ def make_body(kind: str, model: str, stream: bool, big_bytes: int) -> bytes:
         "stream": stream,
         "return_token_ids": True,
     }
+    if events != SSE_EVENTS:
+        body.update(max_tokens=events, ignore_eos=True)
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -79,13 +80,12 @@ class CheckFailed(Exception):
 
 
 def check(url: str, body: bytes, stream: bool, expected_events: int = SSE_EVENTS) -> str:
-    """`url` with the path (and the `?events=` query of a long stream)."""
     """Send one request and prove it reached the upstream with the served model.
 
     The fake upstream answers 404 to any model but the served one, so a 200 here means the
     target forwarded (and, for HF-path bodies, rewrote) the model.
     """
-    status, headers, data = http("POST", url, body, timeout=120)
+    status, headers, data = http("POST", url + "/v1/completions", body, timeout=120)
     if status != 200:
         raise CheckFailed(f"status {status}: {data[:300]!r}")
     ctype = headers.get("content-type", "")
@@ -103,7 +103,7 @@ def check(url: str, body: bytes, stream: bool, expected_events: int = SSE_EVENTS
 
 
 def wrk(
-    url: str,  # with the path
+    url: str,
     body_file: Path,
     connections: int,
     seconds: float,
@@ -113,7 +113,7 @@ def wrk(
     duration = max(1, math.ceil(seconds))  # wrk takes whole seconds
     argv = ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency"]
     argv += [f"--timeout={timeout_s}s", "-s", str(BENCH / "wrk" / "post.lua")]
-    argv += [url, "--", str(body_file)]
+    argv += [url + "/v1/completions", "--", str(body_file)]
     if cpus:
         argv = ["taskset", "-c", cpus, *argv]
     out = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=duration + 120)

@@ -162,7 +162,7 @@ def after_stop(kind: str | None, env: Env, doc: dict[str, Any], name: str) -> No
 
 
 def soak(
-    args: argparse.Namespace, env: Env, bodies: dict[tuple[str, str, bool], Path], out: Path
+    args: argparse.Namespace, env: Env, bodies: dict[tuple[str, str, bool, int], Path], out: Path
 ) -> int:
     """The sidecar at 64 connections for args.soak seconds; RSS after each 30 s slice."""
     upstream = start_upstream(env)
@@ -171,8 +171,8 @@ def soak(
         running = start_sidecar(env)
         assert running.child is not None
         pid = running.child.pid
-        body = bodies[("small", HF_PATH, False)]
-        url = running.url + "/v1/completions"
+        body = bodies[("small", HF_PATH, False, loads.SSE_EVENTS)]
+        url = running.url
         loads.check(url, body.read_bytes(), stream=False)
         samples.append({"t": 0.0, "rss_mb": rss_bytes(pid) / 2**20, "requests": 0})
         t0, total = time.monotonic(), 0

@@ -110,17 +110,17 @@ def ensure_tools() -> None:
         subprocess.run(["bash", str(BENCH / "setup-system.sh")], check=True)
 
 
-def write_bodies(run_dir: Path, big_mb: float) -> dict[tuple[str, str, bool], Path]:
+def write_bodies(run_dir: Path, big_mb: float) -> dict[tuple[str, str, bool, int], Path]:
     """One body file per (kind, model, stream); the aliasing targets get the HF path."""
     files = {}
     big = int(big_mb * 1024 * 1024)
     for scen in loads.SCENARIOS.values():
         for model in (SERVED, HF_PATH):
-            key = (scen.body, model, scen.stream)
+            key = (scen.body, model, scen.stream, scen.events)
             if key not in files:
                 path = run_dir / f"body-{scen.body}-{'sse' if scen.stream else 'json'}-"
-                path = path.with_name(path.name + model.replace("/", "_") + ".json")
-                path.write_bytes(loads.make_body(scen.body, model, scen.stream, big))
+                path = path.with_name(f"{path.name}{scen.events}-{model.replace('/', '_')}.json")
+                path.write_bytes(loads.make_body(scen.body, model, scen.stream, big, scen.events))
                 files[key] = path
     return files
 
@@ -145,7 +145,6 @@ def run_cell(
     body: Path,
 ) -> dict[str, Any]:
     row: dict[str, Any] = {"target": name, "scenario": scen.name, "status": "ok"}
-    url += scen.path
     try:
         row["check"] = loads.check(url, body.read_bytes(), scen.stream, scen.events)
     except (loads.CheckFailed, OSError, ValueError) as err:
@@ -226,7 +225,7 @@ def measure(
     args: argparse.Namespace,
     env: Env,
     targets: list[tuple[Target, Running]],
-    bodies: dict[tuple[str, str, bool], Path],
+    bodies: dict[tuple[str, str, bool, int], Path],
     doc: dict[str, Any],
 ) -> None:
     """Every scenario, every target in turn (so that neighbours in time are compared), R rounds;
@@ -240,7 +239,8 @@ def measure(
                 if (name, sname) in broken or (rnd and target.one_round):
                     continue
                 pid = running.child.pid if running.child else None
-                body = bodies[(scen.body, HF_PATH if target.aliasing else SERVED, scen.stream)]
+                model = HF_PATH if target.aliasing else SERVED
+                body = bodies[(scen.body, model, scen.stream, scen.events)]
                 try:
                     row = run_cell(args, env, name, running.url, pid, scen, body)
                 except (RuntimeError, OSError, subprocess.SubprocessError) as err:
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             "seconds": args.seconds,
             "warmup": args.warmup,
             "quick": args.quick,
-            "big_bytes": bodies[("ids8mb", SERVED, False)].stat().st_size,
+            "big_bytes": bodies[("ids8mb", SERVED, False, loads.SSE_EVENTS)].stat().st_size,
             "profile": args.profile,
             "rounds": args.rounds,
             "scale": args.scale,
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     started: list[tuple[Target, Running]] = []
     try:
         # The upstream must refuse the HF path, or the aliasing checks below prove nothing.
-        refused = bodies[("small", HF_PATH, False)].read_bytes()
+        refused = bodies[("small", HF_PATH, False, loads.SSE_EVENTS)].read_bytes()
         status = http("POST", env.upstream_url + "/v1/completions", refused)[0]
         if status != 404:
             sys.exit(f"fake upstream answered {status} to an unserved model, expected 404")

@@ -14,10 +14,37 @@ from typing import Any
 import orjson
 
 
+class _PerSecond:
+    """A record's time as `strftime(fmt)`, formatted once per second, not once per line."""
+
+    def __init__(self, fmt: str, converter: Any) -> None:
+        self._fmt, self._converter = fmt, converter
+        self._second, self._text = -1, ""
+
+    def __call__(self, created: float) -> str:
+        second = int(created)
+        if second != self._second:
+            self._second, self._text = second, time.strftime(self._fmt, self._converter(second))
+        return self._text
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self._stamp = _PerSecond(self.default_time_format, self.converter)
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return f"{self._stamp(record.created)},{int(record.msecs):03d}"
+
+
 class JSONFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__()
+        self._stamp = _PerSecond("%Y-%m-%dT%H:%M:%S", time.gmtime)
+
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "ts": f"{self._stamp(record.created)}.{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -117,11 +144,7 @@ def _stderr_handler(shared: bool) -> logging.Handler:
 def setup(level: str, fmt: str, *, access_log: bool = True, shared: bool = False) -> None:
     """`shared`: stderr is written by several processes (`--workers N`)."""
     handler = _stderr_handler(shared)
-    if fmt == "json":
-        formatter: logging.Formatter = JSONFormatter()
-        formatter.converter = time.gmtime
-    else:
-        formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    formatter = JSONFormatter() if fmt == "json" else TextFormatter()
     handler.setFormatter(formatter)
     root = logging.getLogger()
     for old in root.handlers:
@@ -132,6 +155,9 @@ def setup(level: str, fmt: str, *, access_log: bool = True, shared: bool = False
     # Each record would otherwise look up its thread and process names: the sidecar is one
     # event-loop thread in one process, and the access line is written once per request.
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    # Nor walk the stack for the caller's file and line (logging's own switch, documented in
+    # its source): neither format shows them.
+    logging._srcfile = None
     # The per-request line costs tens of microseconds; at tens of thousands of requests a
     # second the metrics may be all an operator wants.
     logging.getLogger("proxy.access").setLevel(logging.NOTSET if access_log else logging.WARNING)

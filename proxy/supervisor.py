@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -32,6 +34,14 @@ log = logging.getLogger(__name__)
 EXIT_SLACK = 10.0
 STEADY = 10.0  # a worker that ran this long before dying is restarted at once
 MAX_BACKOFF = 5.0
+# Workers run this very package: `-P` keeps the working directory (which may hold another
+# `proxy`) off their path, and this package's directory is added after any PYTHONPATH.
+PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def _worker_env() -> dict[str, str]:
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([*path, PACKAGE_ROOT])}
 
 
 @dataclass
@@ -109,11 +119,13 @@ class Supervisor:
         with theirs:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
+                "-P",
                 "-m",
                 "proxy.worker",
                 str(theirs.fileno()),
                 pass_fds=(theirs.fileno(),),
                 stdin=asyncio.subprocess.DEVNULL,
+                env=_worker_env(),
             )
         channel = await Channel.open(ours)
         worker = self.workers[index] = Worker(index, proc, channel)

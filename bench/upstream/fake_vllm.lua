@@ -60,7 +60,7 @@ local bodies = {
   ["/v1/chat/completions"] = {json = chat, kind = "chat"},
 }
 
--- Streams of `?events=N` events (default SSE_EVENTS), built once per kind and length.
+-- Streams of N events, built once per kind and length.
 local streams = {}
 local function stream_of(kind, count)
   local key = kind .. count
@@ -121,7 +121,11 @@ function M.generate()
   if find(body, '"stream"%s*:%s*(%a+)') == "true" then
     ngx.header["Content-Type"] = "text/event-stream; charset=utf-8"
     -- One chunk per event, each flushed on its own, as vLLM streams tokens.
-    local count = math.min(tonumber(ngx.var.arg_events) or SSE_EVENTS, 100000)
+    -- vLLM streams exactly max_tokens tokens when told to ignore EOS; otherwise SSE_EVENTS.
+    local count = SSE_EVENTS
+    if find(body, '"ignore_eos"%s*:%s*(%a+)') == "true" then
+      count = math.min(tonumber(find(body, '"max_tokens"%s*:%s*(%d+)')) or SSE_EVENTS, 100000)
+    end
     for _, event in ipairs(stream_of(route.kind, count)) do
       ngx.print(event)
       ngx.flush(false)

@@ -8,8 +8,9 @@ import logging
 import os
 import subprocess
 import sys
+import time
 
-from proxy.logs import BufferedStreamHandler, JSONFormatter
+from proxy.logs import BufferedStreamHandler, JSONFormatter, TextFormatter
 
 
 class CountingStream(io.StringIO):
@@ -81,3 +82,17 @@ def test_workers_sharing_one_pipe_never_cut_each_others_lines() -> None:
         tag = line[0]
         assert line[:200] == tag * 200, line[:80] + "..." + line[-20:]
         assert line[200:].isdigit(), line[:80] + "..." + line[-20:]
+
+
+def test_text_and_json_timestamps_match_loggings_own_at_every_second() -> None:
+    # The formatters format the date once per second; each line must read as logging's would.
+    plain = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    iso = logging.Formatter()
+    iso.converter = time.gmtime
+    text, js = TextFormatter(), JSONFormatter()
+    for created in (1795982287.0, 1795982287.999, 1795982288.004, 1795982288.5, 1795982400.25):
+        rec = record(logging.INFO, "line")
+        rec.created, rec.msecs = created, (created - int(created)) * 1000
+        assert text.format(rec) == plain.format(rec)
+        expected = iso.formatTime(rec, "%Y-%m-%dT%H:%M:%S") + f".{int(rec.msecs):03d}Z"
+        assert json.loads(js.format(rec))["ts"] == expected
