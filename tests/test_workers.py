@@ -192,3 +192,13 @@ async def test_a_killed_worker_is_replaced_counted_and_logged(pod: Pod) -> None:
     statuses = [(await complete(pod.url)).status for _ in range(10)]
     assert statuses == [200] * 10
     assert f"(pid {victim}) exited with SIGKILL" in pod.log.read_text()
+
+
+async def test_workers_stop_when_their_supervisor_is_killed(pod: Pod) -> None:
+    workers = pod.workers()
+    os.kill(pod.proc.pid, signal.SIGKILL)
+    await asyncio.to_thread(pod.proc.wait, 10)
+    # No orphan keeps the port: each worker sees its socket to the supervisor close, and drains.
+    await eventually(lambda: running(workers) == [])
+    with pytest.raises(aiohttp.ClientConnectorError):
+        await complete(pod.url)
