@@ -184,6 +184,8 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 worker.proc.send_signal(signal.SIGTERM)
         watchers = [w.tasks[1] for w in self.workers.values()]
+        if not watchers:
+            return
         await asyncio.wait(watchers, timeout=grace + EXIT_SLACK)
         for worker in self.workers.values():
             if worker.proc.returncode is None:
