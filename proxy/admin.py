@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from .keys import DISCOVERY, IN_FLIGHT, METRICS
+from .keys import CONNECTIONS, DISCOVERY, DRAIN, IN_FLIGHT, LIFECYCLE, METRICS, SETTINGS
 
 PROXY = web.AppKey("proxy", web.Application)
 
@@ -26,6 +26,25 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"models_known": discovery.models_known, **discovery.table.describe()})
 
 
+async def drain(request: web.Request) -> web.Response:
+    """Stop taking requests and wait for those in flight: the pod's preStop hook calls this, so
+    that the sidecar drains while vLLM still runs (a native sidecar's own SIGTERM comes only
+    after vLLM has exited). Answers when nothing is in flight, or when the grace is over."""
+    proxy = request.app[PROXY]
+    workers = proxy.get(DRAIN)
+    if workers is not None:  # --workers N: each worker drains its own
+        left = await workers()
+    else:
+        proxy[CONNECTIONS].start_draining()
+        left = await proxy[IN_FLIGHT].settle(proxy[SETTINGS].shutdown_grace)
+    return web.json_response({"draining": True, "in_flight": left})
+
+
+async def engine(request: web.Request) -> web.Response:
+    """The engine's phase, since when, and its weight version (see docs/lifecycle.md)."""
+    return web.json_response(request.app[PROXY][LIFECYCLE].describe())
+
+
 def create_admin_app(proxy: web.Application) -> web.Application:
     """The admin application, reading the state of the proxy application it watches."""
     app = web.Application()
@@ -35,4 +54,6 @@ def create_admin_app(proxy: web.Application) -> web.Application:
     app.router.add_get("/livez", livez)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/models", models)
+    app.router.add_post("/drain", drain)
+    app.router.add_get("/engine", engine)
     return app

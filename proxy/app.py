@@ -5,14 +5,30 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry
 from yarl import URL
 
+from . import connections
+from .budget import Budget
 from .discovery import Discovery
 from .drain import InFlight
 from .forward import handle
-from .keys import DISCOVERY, IN_FLIGHT, METRICS, SESSION, SETTINGS, UPSTREAM
+from .gate import stamp
+from .keys import (
+    BUDGET,
+    CONNECTIONS,
+    DISCOVERY,
+    IN_FLIGHT,
+    LIFECYCLE,
+    METRICS,
+    SESSION,
+    SETTINGS,
+    UPSTREAM,
+)
+from .lifecycle import Lifecycle
 from .metrics import Metrics
+from .reconcile import reconciling
 from .settings import Settings
 from .upstream import base_url, make_session
 
@@ -21,7 +37,21 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     async with make_session(app[SETTINGS]) as session:
         app[SESSION] = session
         async with app[DISCOVERY].running(session):
-            yield
+            lifecycle = app[LIFECYCLE]
+            if not lifecycle.LEADS:  # a worker's follows the supervisor's, which reconciles
+                yield
+                return
+            async with reconciling(lifecycle, session, app[UPSTREAM], app[SETTINGS]):
+                yield
+
+
+@web.middleware
+async def _every_target(request: web.Request, handler: Handler) -> web.StreamResponse:
+    # `OPTIONS *` and `CONNECT host:443` match no route: `handle` answers them with an envelope
+    # and counts them, instead of aiohttp's plain 404.
+    if request.match_info.http_exception is not None:
+        return await handle(request)
+    return await handler(request)
 
 
 def create_app(
@@ -29,19 +59,44 @@ def create_app(
     *,
     registry: CollectorRegistry | None = None,
     discovery: Callable[[Settings, Metrics, URL], Discovery] = Discovery,
+    lifecycle: Callable[..., Lifecycle] = Lifecycle,
 ) -> web.Application:
     """The proxy application: every method and path is forwarded to the upstream.
 
-    `discovery` makes the served-name and health tracker; worker processes get one that follows
-    the supervisor's (see `podstate`)."""
+    `discovery` and `lifecycle` make the served-name and health tracker and the engine's phase;
+    with `--workers N` the supervisor's publish to the workers', which follow (`podstate`)."""
     # A body up to the limit must reach the handler, which answers 413 with an envelope itself.
-    app = web.Application(client_max_size=settings.max_body_bytes)
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[_every_target])
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
     app[SETTINGS] = settings
     app[METRICS] = metrics
     app[UPSTREAM] = base_url(settings)
     app[DISCOVERY] = discovery(settings, metrics, app[UPSTREAM])
-    app[IN_FLIGHT] = InFlight()
+    app[BUDGET] = budget = Budget(settings.buffer_budget_bytes, metrics)
+    app[IN_FLIGHT] = in_flight = InFlight()
+    app[CONNECTIONS] = watch = connections.Watch(
+        _limits(settings), metrics, in_flight, on_quiet=budget.trim
+    )
+    app.middlewares.append(connections.middleware(watch))
+    app[LIFECYCLE] = lifecycle(
+        metrics.engine,
+        hold_timeout=settings.phase_hold_timeout,
+        hold_queue=settings.phase_hold_queue,
+        token=settings.control_secret(),
+    )
+    app.on_response_prepare.append(stamp)
     app.cleanup_ctx.append(_upstream_ctx)
-    app.router.add_route("*", "/{tail:.*}", handle)
+    # `[\s\S]`, not `.`: a path with an encoded newline (`%0A`) is a path too.
+    app.router.add_route("*", r"/{tail:[\s\S]*}", handle)
     return app
+
+
+def _limits(settings: Settings) -> connections.Limits:
+    return connections.Limits(
+        header=settings.client_header_timeout,
+        body=settings.client_body_timeout,
+        idle=settings.client_idle_timeout,
+        send=settings.client_send_timeout,
+        max_connections=settings.max_client_connections,
+        min_body_rate=settings.client_body_min_rate,
+    )

@@ -4,24 +4,42 @@ Token-id prompts make bodies of many megabytes; parsing and re-serializing them 
 milliseconds and could change number formatting. Instead a small scanner walks the top-level keys,
 skipping values with C-speed regex and `bytes.find`, and only the `model` value's bytes are
 swapped. Anything the scanner cannot follow is handed to orjson, which names the syntax error.
+
+A hostile body (millions of brackets, keys or escapes) must not hold the event loop, so the scan
+is a generator built on `jsonskip`: it yields after each slice of work, and its driver decides
+where the slices run and how many a body may take (`step`, `find_model`, `inbound._locate`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Generator
 from dataclasses import dataclass
 
 import orjson
 
-from .errors import InvalidJSON, InvalidRequest
+from .errors import InvalidJSON, InvalidModel, InvalidRequest
+from .jsonskip import HOPS_PER_SLICE, Malformed, search, skip_string, skip_value, skip_ws
 
-_WS = re.compile(rb"[ \t\n\r]*")
-# A JSON string from its opening quote; the unrolled form keeps `re` in its fast loops.
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_SCALAR = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null")
-_STRUCTURAL = re.compile(rb'["\[\]{}]')
-_CLOSERS = {ord("["): ord("]"), ord("{"): ord("}")}
+# `"model"`, also spelt with escapes (`"mod\u0065l"`): only `\uXXXX` can spell a letter.
+_MODEL_LIKE = re.compile(rb'"(?:[model]|\\u00[0-9a-fA-F]{2}){5}"')
+_MODEL_LIKE_MAX = 32
+_FIND_WINDOW = 4 << 20  # memchr runs at several GB/s: a window is well under a millisecond
 _MODEL_KEY = b'"model"'
+_SPACE = (b" ", b"\t", b"\n", b"\r", b"")
+# Longer than any served name or local path; a longer one is refused rather than resolved,
+# logged and compared with every served name (difflib is quadratic).
+MAX_MODEL_CHARS = 1024
+_MAX_MODEL_SPAN = 6 * MAX_MODEL_CHARS + 2  # every character a `\uXXXX` escape, and the quotes
+# orjson names the syntax error best, but in one call over the whole body: only this much.
+_ORJSON_MESSAGE_BYTES = 1 << 20
+# About a second or two of scanning on a small machine; a body that needs more before its
+# `model` is refused (SkyRL and the openai SDK put `model` first). A 64 MiB token-id list
+# takes about 300 slices.
+MAX_SLICES = 2000
+
+# A scan: yields between slices of work, returns its answer.
+Scan = Generator[None, None, "ModelField | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,107 +51,104 @@ class ModelField:
     end: int
 
 
-class _Malformed(Exception):
-    pass
+class TooComplex(Exception):
+    """The scan used up its slices before it could answer."""
 
 
-def _skip_ws(body: bytes, pos: int) -> int:
-    m = _WS.match(body, pos)
-    return m.end() if m else pos
+def _is_model_key(raw_key: bytes) -> bool:
+    if raw_key == _MODEL_KEY:
+        return True
+    return len(raw_key) <= _MODEL_LIKE_MAX and b"\\" in raw_key and orjson.loads(raw_key) == "model"
 
 
-def _skip_container(body: bytes, pos: int) -> int:
-    stack = [_CLOSERS[body[pos]]]
-    pos += 1
-    while stack:
-        m = _STRUCTURAL.search(body, pos)
-        if m is None:
-            raise _Malformed
-        c = body[m.start()]
-        if c == 0x22:  # '"'
-            s = _STRING.match(body, m.start())
-            if s is None:
-                raise _Malformed
-            pos = s.end()
-        elif c in _CLOSERS:
-            stack.append(_CLOSERS[c])
-            pos = m.end()
-        elif stack.pop() == c:
-            pos = m.end()
-        else:
-            raise _Malformed
-    return pos
+def _scan(body: bytes, *, first_only: bool) -> Generator[None, None, list[tuple[int, int]] | None]:
+    """Spans of every top-level `model` value; None when the body is not a JSON object.
+
+    A TooComplex thrown in once one `model` is found ends the search for a second one: it is
+    then vLLM's to judge, as it is for a streamed body.
+    """
+    found: list[tuple[int, int]] = []
+    try:
+        return (yield from _scan_keys(body, found, first_only=first_only))
+    except TooComplex:
+        if found:
+            return found
+        raise
 
 
-def _skip_value(body: bytes, pos: int) -> int:
-    if pos >= len(body):
-        raise _Malformed
-    c = body[pos]
-    if c == 0x22:
-        m = _STRING.match(body, pos)
-    elif c in _CLOSERS:
-        return _skip_container(body, pos)
-    else:
-        m = _SCALAR.match(body, pos)
-    if m is None:
-        raise _Malformed
-    return m.end()
+def _ws(body: bytes, pos: int) -> Generator[None, None, int]:
+    # Compact JSON has no whitespace to skip: no generator for it (a tenth of a small scan).
+    if body[pos : pos + 1] not in _SPACE:
+        return pos
+    return (yield from skip_ws(body, pos))
 
 
-def _scan(body: bytes, *, first_only: bool = False) -> list[tuple[int, int]] | None:
-    """Spans of every top-level `model` value; None when the body is not a JSON object."""
-    pos = _skip_ws(body, 0)
+def _scan_keys(
+    body: bytes, found: list[tuple[int, int]], *, first_only: bool
+) -> Generator[None, None, list[tuple[int, int]] | None]:
+    pos = yield from _ws(body, 0)
     if pos >= len(body) or body[pos] != 0x7B:  # '{'
         return None
-    found: list[tuple[int, int]] = []
-    pos = _skip_ws(body, pos + 1)
+    pos = yield from _ws(body, pos + 1)
     if body[pos : pos + 1] == b"}":
         return found
+    keys = 0
     while True:
-        key = _STRING.match(body, pos)
-        if key is None:
-            raise _Malformed
-        pos = _skip_ws(body, key.end())
+        keys += 1
+        if keys % (HOPS_PER_SLICE // 4) == 0:  # a key costs about four hops over a bracket
+            yield
+        if body[pos : pos + 1] != b'"':
+            raise Malformed(pos)
+        key_end = yield from skip_string(body, pos)
+        raw_key = body[pos:key_end]
+        pos = yield from _ws(body, key_end)
         if body[pos : pos + 1] != b":":
-            raise _Malformed
-        start = _skip_ws(body, pos + 1)
-        end = _skip_value(body, start)
-        raw_key = body[key.start() : key.end()]
-        if raw_key == _MODEL_KEY or (b"\\" in raw_key and orjson.loads(raw_key) == "model"):
+            raise Malformed(pos)
+        start = yield from _ws(body, pos + 1)
+        end = yield from skip_value(body, start)
+        if _is_model_key(raw_key):
             found.append((start, end))
             if first_only:
                 return found
-            # Stop early when no other `"model"` can follow: the rest may be megabytes of ids.
-            # (A second key spelt with escapes, `"mod\\u0065l"`, is not looked for past here.)
-            if not _has_model_key(body, end):
+            # Stop early when no other `model` key can follow: the rest may be megabytes of ids.
+            if not (yield from _model_key_follows(body, end)):
                 return found
-        pos = _skip_ws(body, end)
+        pos = yield from _ws(body, end)
         sep = body[pos : pos + 1]
         if sep == b"}":
             return found
         if sep != b",":
-            raise _Malformed
-        pos = _skip_ws(body, pos + 1)
+            raise Malformed(pos)
+        pos = yield from _ws(body, pos + 1)
 
 
-def _has_model_key(body: bytes, pos: int) -> bool:
-    """Whether `"model"` occurs at or after `pos`: quote to quote with memchr.
+def _model_key_follows(body: bytes, pos: int) -> Generator[None, None, bool]:
+    """Whether `"model"` (or a spelling with escapes) occurs at or after `pos`.
 
-    `bytes.find` of the 7-byte key walks an 8 MB token-id list almost byte by byte (`,` and `l`
-    share a slot of its skip filter): 8 ms. The quotes in such a list are few: 0.4 ms.
+    Quote to quote with memchr: a regex search for the key walks an 8 MB token-id list at
+    2 ms, `bytes.find` of the 7-byte key at 8 ms (`,` and `l` share a slot of its skip
+    filter); the quotes in such a list are few: 0.1 ms. A body of many short strings is
+    left to the regex search after a few thousand hops.
     """
     find, hops = body.find, 0
-    while (pos := find(b'"', pos)) >= 0:
-        if body.startswith(_MODEL_KEY, pos):
+    while True:
+        q = find(b'"', pos, pos + _FIND_WINDOW)
+        if q < 0:
+            if pos + _FIND_WINDOW >= len(body):
+                return False
+            pos += _FIND_WINDOW
+            yield
+            continue
+        if _MODEL_LIKE.match(body, q):
             return True
-        pos += 1
-        hops += 1
-        if hops > 4096:  # a body of many short strings: the plain search is the better bet
-            return find(_MODEL_KEY, pos) >= 0
-    return False
+        pos, hops = q + 1, hops + 1
+        if hops == 4096:
+            return (yield from search(_MODEL_LIKE, body, pos, _MODEL_LIKE_MAX)) >= 0
 
 
-def _syntax_error(body: bytes) -> InvalidJSON:
+def _syntax_error(body: bytes, pos: int) -> InvalidJSON:
+    if len(body) > _ORJSON_MESSAGE_BYTES:
+        return InvalidJSON(f"The request body is not valid JSON: unexpected input at byte {pos}")
     try:
         orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -141,40 +156,68 @@ def _syntax_error(body: bytes) -> InvalidJSON:
     return InvalidJSON("The request body is not valid JSON")
 
 
+def _too_long(size: int) -> InvalidModel:
+    return InvalidModel(
+        f"The `model` value is {size} characters long; no served name is longer than "
+        f"{MAX_MODEL_CHARS}.",
+        param="model",
+    )
+
+
 def _field(body: bytes, start: int, end: int) -> ModelField:
     if body[start] != 0x22:
         return ModelField(None, start, end)
+    if end - start > _MAX_MODEL_SPAN:
+        raise _too_long(end - start - 2)
     try:
         value = orjson.loads(body[start:end])
     except orjson.JSONDecodeError as exc:
         message = f"The `model` value is not a valid JSON string: {exc}"
         raise InvalidJSON(message, param="model") from None
+    if len(value) > MAX_MODEL_CHARS:
+        raise _too_long(len(value))
     return ModelField(value, start, end)
 
 
-def find_model_in_head(head: bytes) -> ModelField | None:
+def scan_model_in_head(head: bytes) -> Scan:
     """The top-level `model` when its whole value lies in `head`, a body's first bytes.
 
     None when the head cannot tell (no model key yet, or a value cut at the end): the caller
-    then reads the whole body and asks `find_model`.
+    then reads the whole body and scans it with `scan_model`.
     """
     try:
-        spans = _scan(head, first_only=True)
-    except _Malformed:
+        spans = yield from _scan(head, first_only=True)
+    except Malformed:
         return None
     return _field(head, *spans[0]) if spans else None
 
 
-def find_model(body: bytes) -> ModelField | None:
+# Python's json.loads (vLLM's reader) also takes UTF-16 and UTF-32, with or without a BOM, and a
+# UTF-8 BOM; the scan would find no `model` in them and forward, unresolved, a name vLLM reads.
+_BOMS = (b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")
+
+
+def _check_encoding(body: bytes) -> None:
+    head = body[:4]
+    if head.startswith(_BOMS) or b"\x00" in head:  # UTF-8 JSON has no NUL outside strings
+        raise InvalidJSON(
+            "The request body is UTF-16 or UTF-32 JSON, or starts with a byte-order mark: send "
+            "UTF-8 without one (RFC 8259 section 8.1)."
+        )
+
+
+def scan_model(body: bytes) -> Scan:
     """The top-level `model` of a JSON object body; None when there is no such key.
 
-    Raises InvalidJSON when the body cannot be read as JSON up to the model, and InvalidRequest
-    when it has more than one top-level `model` key (which one a server honours is undefined).
+    Raises InvalidJSON when the body cannot be read as JSON up to the model, InvalidRequest
+    when it has more than one top-level `model` key (which one a server honours is undefined),
+    and InvalidModel for a name longer than any served one.
     """
+    _check_encoding(body)
     try:
-        spans = _scan(body)
-    except _Malformed:
-        raise _syntax_error(body) from None
+        spans = yield from _scan(body, first_only=False)
+    except Malformed as exc:
+        raise _syntax_error(body, exc.pos) from None
     if not spans:
         return None
     if len(spans) > 1:
@@ -183,6 +226,32 @@ def find_model(body: bytes) -> ModelField | None:
             param="model",
         )
     return _field(body, *spans[0])
+
+
+def step(scan: Scan, slices: int) -> tuple[bool, ModelField | None]:
+    """Run `scan` for one slice: (True, its answer) when it finished, else (False, None).
+
+    `slices` is how many it has had so far; past MAX_SLICES it is told to stop (TooComplex),
+    which it may answer with the `model` it already found.
+    """
+    try:
+        if slices >= MAX_SLICES:
+            scan.throw(TooComplex())
+        else:
+            next(scan)
+    except StopIteration as done:
+        return True, done.value
+    return False, None
+
+
+def find_model(body: bytes) -> ModelField | None:
+    """`scan_model` run to its end at once (for callers off the event loop, and tests)."""
+    scan, slices = scan_model(body), 0
+    while True:
+        done, field = step(scan, slices)
+        if done:
+            return field
+        slices += 1
 
 
 def replace_model(body: bytes, field: ModelField, name: str) -> bytes:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -36,49 +36,76 @@ class Discovery:
         self._session: aiohttp.ClientSession | None = None
         self._refreshing: asyncio.Task[bool] | None = None
         self._last_refresh = -float("inf")
+        self._reads = self._applied = 0  # reads of /v1/models started; the one the table is from
         metrics.upstream_up.set(0)
 
     def _table(self, served: Any) -> ModelTable:
         s = self._settings
         return ModelTable(served, s.aliases, case_insensitive=s.case_insensitive)
 
+    def _seconds(self) -> float:
+        """The bound on each /health or /v1/models read."""
+        return max(self._settings.connect_timeout, 5.0)
+
     def _timeout(self) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(total=max(self._settings.connect_timeout, 5.0))
+        return aiohttp.ClientTimeout(total=self._seconds())
 
     async def refresh(self) -> bool:
-        """Read /v1/models once; the table is replaced only by a good answer."""
+        """Read /v1/models; single-flight: whoever asks while a read is in flight shares it.
+
+        The table is replaced only by a good answer, and never by an answer older than the
+        one it holds (each read is numbered when it starts).
+        """
         if self.fixed or self._session is None:
             return self.models_known
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.create_task(self._read_models(self._session))
+        return await asyncio.shield(self._refreshing)
+
+    async def refresh_on_miss(self) -> None:
+        """A name did not resolve: join the read in flight, or start one at most once per
+        `--miss-refresh-interval`."""
+        if self.fixed or self._session is None:
+            return
+        in_flight = self._refreshing is not None and not self._refreshing.done()
+        if (
+            in_flight
+            or time.monotonic() - self._last_refresh >= self._settings.miss_refresh_interval
+        ):
+            await self.refresh()
+
+    async def _read_models(self, session: aiohttp.ClientSession) -> bool:
         self._last_refresh = time.monotonic()
+        self._reads += 1
+        number = self._reads
         url = target(self._base, "/v1/models")
         key = self._settings.upstream_api_key
         headers = {"Authorization": f"Bearer {key}"} if key else None
         try:
-            async with self._session.get(url, timeout=self._timeout(), headers=headers) as resp:
+            async with session.get(url, timeout=self._timeout(), headers=headers) as resp:
                 raw = await resp.read()
                 if resp.status != 200:
                     raise ValueError(f"status {resp.status}: {raw[:200]!r}")
                 served = parse_models_list(orjson.loads(raw))
-        except (*UPSTREAM_ERRORS, ValueError) as exc:
+        except Exception as exc:  # whatever it was, the read failed and the old table stays
             self._metrics.discoveries.labels("error").inc()
-            log.warning("model discovery from %s failed: %s", url, exc or type(exc).__name__)
+            expected = isinstance(exc, (*UPSTREAM_ERRORS, ValueError))
+            log.warning(
+                "model discovery from %s failed: %s",
+                url,
+                exc or type(exc).__name__,
+                exc_info=None if expected else exc,
+            )
             return False
+        if number < self._applied:
+            return self.models_known
+        self._applied = number
         if [m.id for m in served] != list(self.table.names):
             log.info("upstream serves %s", ", ".join(m.id for m in served) or "nothing")
         self.table = self._table(served)
         self.models_known = True
         self._metrics.discoveries.labels("ok").inc()
         return True
-
-    async def refresh_on_miss(self) -> None:
-        """A name did not resolve: re-read the list at most once per interval, single-flight."""
-        if self.fixed or self._session is None:
-            return
-        if self._refreshing is None or self._refreshing.done():
-            if time.monotonic() - self._last_refresh < self._settings.miss_refresh_interval:
-                return
-            self._refreshing = asyncio.create_task(self.refresh())
-        await asyncio.shield(self._refreshing)
 
     async def check_health(self) -> bool:
         if self._session is None:
@@ -90,6 +117,10 @@ class Discovery:
                 ok, error = resp.status == 200, f"/health answered {resp.status}"
         except UPSTREAM_ERRORS as exc:
             ok, error = False, f"/health failed: {exc or type(exc).__name__}"
+        self._set_health(ok, error)
+        return ok
+
+    def _set_health(self, ok: bool, error: str) -> None:
         if ok != self.healthy:
             log.log(
                 logging.INFO if ok else logging.WARNING,
@@ -99,7 +130,6 @@ class Discovery:
             )
         self.healthy, self.last_error = ok, (None if ok else error)
         self._metrics.upstream_up.set(1 if ok else 0)
-        return ok
 
     def readiness(self, *, draining: bool = False) -> tuple[bool, dict[str, Any]]:
         ready = self.healthy and self.models_known and not draining
@@ -122,26 +152,45 @@ class Discovery:
 
     async def _health_loop(self) -> None:
         while True:
-            was_healthy = self.healthy
-            if await self.check_health() and (not was_healthy or not self.models_known):
-                await self.refresh()  # an upstream that came back may serve other names
+            await self._guarded("health", self._health_step)
             await asyncio.sleep(self._settings.health_interval)
+
+    async def _health_step(self) -> None:
+        was_healthy = self.healthy
+        if await self.check_health() and (not was_healthy or not self.models_known):
+            await self.refresh()  # an upstream that came back may serve other names
 
     async def _discovery_loop(self) -> None:
         while True:
             await asyncio.sleep(self._settings.discovery_interval)
-            await self.refresh()
+            await self._guarded("discovery", self.refresh)
+
+    async def _guarded(self, task: str, step: Callable[[], Awaitable[object]]) -> None:
+        """One round of a background loop, bounded in time. A failure is logged, counted and
+        survived: a loop that died would freeze readiness and `upstream_up` where they were."""
+        try:
+            # Not wait_for: on 3.11 it swallows a cancellation that meets a finished step,
+            # and the loop would outlive the app (seen as a hang at shutdown).
+            async with asyncio.timeout(2 * self._seconds() + 1):  # a health check, a read
+                await step()
+        except Exception as exc:  # TimeoutError too
+            self._metrics.background_errors.labels(task).inc()
+            log.error("the %s check failed: %r", task, exc, exc_info=exc)
+            if task == "health":
+                self._set_health(False, f"the health check failed: {exc!r}")
 
     @contextlib.asynccontextmanager
     async def running(self, session: aiohttp.ClientSession) -> AsyncIterator[None]:
         """Run the background checks for as long as the context is open."""
         self._session = session
-        tasks = [asyncio.create_task(self._health_loop())]
+        tasks: list[asyncio.Task[Any]] = [asyncio.create_task(self._health_loop())]
         if not self.fixed:
             tasks.append(asyncio.create_task(self._discovery_loop()))
         try:
             yield
         finally:
+            if self._refreshing is not None:
+                tasks.append(self._refreshing)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

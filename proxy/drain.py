@@ -3,6 +3,9 @@
 aiohttp's own shutdown closes each connection right after cancelling its handler, so a stream
 cut at the deadline could not say why. Cancelling the handlers here first, while their
 connections are still open, lets each stream end with an SSE error event.
+
+The wait covers every request in flight until the deadline, those that arrived after it began
+too; once draining, new requests are refused (503 `shutting_down`, `Connection: close`).
 """
 
 from __future__ import annotations
@@ -28,13 +31,20 @@ class InFlight:
         if task is not None:
             self.tasks.discard(task)
 
-    async def drain(self, grace: float) -> None:
-        """Wait up to `grace` seconds for in-flight handlers, then cancel the rest."""
+    async def settle(self, grace: float) -> int:
+        """Wait up to `grace` seconds until nothing is in flight; how many still are."""
         self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
         if self.tasks:
             log.info("waiting for %d in-flight requests", len(self.tasks))
-            await asyncio.wait(set(self.tasks), timeout=grace)
-        if self.tasks:
+        while self.tasks and (left := deadline - loop.time()) > 0:
+            await asyncio.wait(set(self.tasks), timeout=left)
+        return len(self.tasks)
+
+    async def drain(self, grace: float) -> None:
+        """Wait up to `grace` seconds for in-flight handlers, then cancel the rest."""
+        if await self.settle(grace):
             log.warning("grace period over: stopping %d requests", len(self.tasks))
             for task in list(self.tasks):
                 task.cancel()

@@ -27,6 +27,10 @@ class SidecarFailure(Exception):
         )
 
 
+class InternalError(SidecarFailure):
+    """An exception that is not a SidecarFailure: a bug, or a library failing unforeseen."""
+
+
 class UpstreamUnreachable(SidecarFailure):
     reason = "upstream_unreachable"
     status = 502
@@ -59,6 +63,14 @@ class ModelAmbiguous(SidecarFailure):
     param = "model"
 
 
+class InvalidModel(SidecarFailure):
+    """A `model` value no served name could ever match (longer than any real one)."""
+
+    reason = "invalid_model"
+    status = 400
+    param = "model"
+
+
 class InvalidJSON(SidecarFailure):
     reason = "invalid_json"
     status = 400
@@ -82,3 +94,48 @@ class ShuttingDown(SidecarFailure):
     reason = "shutting_down"
     status = 503
     retryable = True
+
+
+class UpstreamPoolExhausted(SidecarFailure):
+    """Every pooled upstream connection (--max-connections) stayed busy past --pool-timeout."""
+
+    reason = "upstream_pool_exhausted"
+    status = 503
+    retryable = True
+
+
+class BufferBudgetExhausted(SidecarFailure):
+    """A body that must be held whole would take the sidecar past its memory budget."""
+
+    reason = "buffer_budget_exhausted"
+    status = 503
+    retryable = True
+
+
+class EnginePaused(SidecarFailure):
+    """The engine stayed paused (`/pause`) past the hold deadline, or the hold queue was full."""
+
+    reason = "engine_paused"
+    status = 503
+    retryable = True
+
+
+class EngineSleeping(SidecarFailure):
+    reason = "engine_sleeping"
+    status = 503
+    retryable = True
+
+
+class WeightSync(SidecarFailure):
+    """Weights were being replaced: forwarding then is what crashes vLLM."""
+
+    reason = "weight_sync"
+    status = 503
+    retryable = True
+
+
+class Unauthorized(SidecarFailure):
+    """A control-plane call without the sidecar's control token (`--control-token`)."""
+
+    reason = "unauthorized"
+    status = 401

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from .errors import SidecarFailure
+from .logs import capped, text_field
 from .metrics import Metrics, method_label, route_label
 from .resolution import ABSENT
 
@@ -21,6 +22,8 @@ class Exchange:
     path: str
     request_id: str
     route: str = ""
+    # The client's X-Request-Id when it was refused (not a short printable token) and replaced.
+    client_request_id: str | None = None
     started: float = field(default_factory=time.perf_counter)
     status: int = 0
     requested: str | None = None
@@ -50,30 +53,38 @@ class Exchange:
         metrics.duration.labels(self.route).observe(duration)
         metrics.overhead.labels(self.route).observe(max(duration - self.upstream_time, 0.0))
         if log.isEnabledFor(logging.INFO):
+            # Client-sent values are escaped and capped: a newline or a space in them must
+            # not forge a line or a field of this one.
             log.info(
-                "%s %s %d %.1fms model=%s->%s rule=%s request_id=%s%s",
-                self.method,
-                self.path,
+                "%s %s %d %.1fms model=%s->%s rule=%s request_id=%s%s%s",
+                text_field(self.method),
+                text_field(self.path),
                 self.status,
                 duration * 1000,
-                self.requested,
-                self.resolved,
+                text_field(self.requested),
+                text_field(self.resolved),
                 self.rule,
                 self.request_id,
                 f" reason={self.reason}" if self.reason else "",
+                f" client_request_id={text_field(self.client_request_id)}"
+                if self.client_request_id is not None
+                else "",
                 # Built only by the JSON formatter, and only when it runs.
                 extra={"fields": self.log_fields},
             )
 
     def log_fields(self) -> dict[str, object]:
-        return {
-            "method": self.method,
-            "path": self.path,
+        fields: dict[str, object] = {
+            "method": capped(self.method),
+            "path": capped(self.path),
             "status": self.status,
             "duration_ms": round(self.duration * 1000, 3),
-            "model_requested": self.requested,
+            "model_requested": None if self.requested is None else capped(self.requested),
             "model_resolved": self.resolved,
             "rule": self.rule,
             "request_id": self.request_id,
             "reason": self.reason,
         }
+        if self.client_request_id is not None:
+            fields["client_request_id"] = capped(self.client_request_id)
+        return fields

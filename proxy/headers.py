@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 
 from multidict import CIMultiDict, MultiMapping, istr
@@ -52,12 +53,23 @@ def _filtered(headers: MultiMapping[str], drop: frozenset[istr]) -> CIMultiDict[
     return out
 
 
+# A token of visible ASCII: it is logged, passed to vLLM (which builds its own ids from it) and
+# returned, so no spaces, quotes, backslashes or control characters.
+_SANE_REQUEST_ID = re.compile(r"[!#-\[\]-~]{1,200}")
+
+
 def request_id(headers: MultiMapping[str]) -> str:
     """The client's X-Request-Id when it sent a sane one, else a new one."""
     given = headers.get(REQUEST_ID, "")
-    if 0 < len(given) <= 200 and given.isprintable():
+    if _SANE_REQUEST_ID.fullmatch(given):
         return given
     return os.urandom(16).hex()
+
+
+def refused_request_id(headers: MultiMapping[str], rid: str) -> str | None:
+    """The X-Request-Id the client sent when `request_id` replaced it, for the log."""
+    given = headers.get(REQUEST_ID)
+    return given if given is not None and given != rid else None
 
 
 def upstream_request_headers(
@@ -75,8 +87,36 @@ def upstream_request_headers(
     out["X-Forwarded-Proto"] = scheme
     if host:
         out["X-Forwarded-Host"] = host
+    # X-Real-IP names one address, the client's: only the sidecar knows it, so a client's own
+    # value is replaced, never passed on. Forwarded (RFC 7239) is a chain like X-Forwarded-For:
+    # each proxy appends its element (section 4), so the upstream can trust the last one.
+    out.popall("X-Real-IP", None)
+    if client_ip:
+        out["X-Real-IP"] = client_ip
+    out.popall("Forwarded", None)
+    chain = [*headers.getall("Forwarded", ()), _forwarded_element(client_ip, scheme, host)]
+    out["Forwarded"] = ", ".join(chain)
     out[REQUEST_ID] = rid
     return out
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def _forwarded_element(client_ip: str | None, scheme: str, host: str | None) -> str:
+    """One RFC 7239 element; values that are not tokens (IPv6, host:port) are quoted."""
+
+    def pair(name: str, value: str) -> str:
+        if _TOKEN.fullmatch(value):
+            return f"{name}={value}"
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        return f'{name}="{escaped}"'
+
+    ip = f"[{client_ip}]" if client_ip and ":" in client_ip else client_ip
+    parts = [pair("for", ip or "unknown"), pair("proto", scheme)]
+    if host:
+        parts.append(pair("host", host))
+    return ";".join(parts)
 
 
 def response_headers(headers: MultiMapping[str], *, rid: str) -> CIMultiDict[str]:

@@ -8,11 +8,21 @@ from dataclasses import dataclass
 
 from aiohttp import StreamReader, web
 
-from .body import ModelField, find_model, find_model_in_head, replace_model
+from .body import (
+    MAX_SLICES,
+    ModelField,
+    Scan,
+    TooComplex,
+    replace_model,
+    scan_model,
+    scan_model_in_head,
+    step,
+)
 from .discovery import Discovery
 from .envelope import ModelInfo
 from .errors import BodyTooLarge, InvalidRequest, ModelAmbiguous
 from .exchange import Exchange
+from .keys import BUDGET
 from .metrics import Metrics
 from .resolution import ABSENT, AMBIGUOUS, UNRESOLVED, Resolution
 
@@ -54,7 +64,11 @@ class StreamedBody:
     length: int
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        yield self.head
+        # In slices, so that the socket's backpressure applies to a large held body too: given
+        # whole, its unsent rest would be copied into the transport's buffer at once.
+        view = memoryview(self.head)
+        for start in range(0, len(view), STREAM_FROM):
+            yield view[start : start + STREAM_FROM]  # type: ignore[misc]
         if self.rest is not None:
             async for chunk in self.rest.iter_any():
                 yield chunk
@@ -77,20 +91,47 @@ async def read_request(
     on is then vLLM's to judge.)
     """
     length, json_body = request.content_length, _wants_model(request)
+    if length is not None and STREAM_FROM < length <= limit and not json_body:
+        return StreamedBody(b"", request.content, length)  # nothing to find in it: straight on
     if length is None or length <= STREAM_FROM or not json_body or length > limit:
+        if length is not None and length <= limit:
+            request.app[BUDGET].hold(length)
         body = await read_body(request, limit)
-        field = find_model(body) if body and json_body else None
+        field = await _locate(scan_model(body)) if body and json_body else None
         return _outgoing(await _resolved(body, field, ex, discovery, metrics))
     try:
         head = await request.content.readexactly(HEAD_BYTES)
     except asyncio.IncompleteReadError:
         raise InvalidRequest("The request body ended before its Content-Length.") from None
-    field = find_model_in_head(head)
+    field = await _locate(scan_model_in_head(head))
     if field is None:  # the model is further on: the whole body it is
+        request.app[BUDGET].hold(length)
         body = head + await request.content.read()
-        return _outgoing(await _resolved(body, find_model(body), ex, discovery, metrics))
+        field = await _locate(scan_model(body))
+        return _outgoing(await _resolved(body, field, ex, discovery, metrics))
     new_head = await _resolved(head, field, ex, discovery, metrics)
     return StreamedBody(new_head, request.content, length - len(head) + len(new_head))
+
+
+async def _locate(scan: Scan) -> ModelField | None:
+    """Run a body scan on the loop a slice (a millisecond or two) at a time, letting every
+    other request and the admin port in between: a hostile body costs a bounded amount of
+    CPU time and stalls nothing. (A thread would not do: it holds the GIL for as long as the
+    OS leaves it running, tens of ms on a loaded machine.)"""
+    slices = 0
+    while True:
+        try:
+            done, field = step(scan, slices)
+        except TooComplex:
+            raise InvalidRequest(
+                f"The request body needs more than {MAX_SLICES} slices of scanning before its "
+                "`model` key (millions of values, keys or escapes); send `model` first.",
+                param="model",
+            ) from None
+        if done:
+            return field
+        slices += 1
+        await asyncio.sleep(0)
 
 
 async def _resolved(

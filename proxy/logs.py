@@ -1,4 +1,4 @@
-"""Logging setup: plain text, or one JSON object per line."""
+"""Logging setup: plain text, or one JSON object per line; client-sent values made safe to log."""
 
 from __future__ import annotations
 
@@ -12,6 +12,37 @@ import time
 from typing import Any
 
 import orjson
+
+# What a client sent is logged up to this many characters: a model name or path of megabytes
+# would otherwise be a log line of megabytes.
+FIELD_CHARS = 256
+_QUOTED = ' "\\'  # printable, but a field with them is quoted (the space) or escaped
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", '"': '\\"', "\\": "\\\\"}
+
+
+def capped(value: str, limit: int = FIELD_CHARS) -> str:
+    return value if len(value) <= limit else value[:limit] + "…"
+
+
+def _escape(c: str) -> str:
+    if c == " ":
+        return c
+    if c in _ESCAPES:
+        return _ESCAPES[c]
+    if ord(c) < 0x100:
+        return f"\\x{ord(c):02x}"
+    return f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}"
+
+
+def text_field(value: object) -> str:
+    """A client-sent value for the text log: capped, and quoted with backslash escapes when it
+    holds anything but printable non-space characters, so that it can neither start a line
+    (newline, U+2028) nor pass for another `key=value` field (space)."""
+    text = capped(str(value))
+    if text and text.isprintable() and not any(c in text for c in _QUOTED):
+        return text
+    inner = "".join(c if c.isprintable() and c not in _QUOTED else _escape(c) for c in text)
+    return f'"{inner}"'
 
 
 class _PerSecond:

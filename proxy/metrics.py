@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
-# vLLM 0.32's routes (default and dev mode) and SkyRL's weight-sync routes; anything else is
+from .phase import PHASES, SERVING
+
+# vLLM 0.32's routes (default and dev mode) and SkyRL's (0.2 and 0.4) routes; anything else is
 # counted as `other` so that a client cannot mint label values.
 KNOWN_ROUTES = frozenset(
     (
@@ -20,7 +26,11 @@ KNOWN_ROUTES = frozenset(
         "/init_weight_transfer_engine /start_weight_update /finish_weight_update /update_weights "
         "/update_weight_version /weight_info /weight_checker /get_world_size "
         "/init_weight_update_communicator /update_weights_skyrl /destroy_weights_update_group "
-        "/kv_event_sources /is_scaling_elastic_ep /scale_elastic_ep"
+        "/kv_event_sources /is_scaling_elastic_ep /scale_elastic_ep "
+        "/start_draft_weight_update /shutdown_weight_transfer_engine /fetch_weights "
+        # vLLM's scale-out routes (`--enable-scale-out`) and SkyRL 0.4's RemoteInferenceClient.
+        "/inference/v1/generate /v1/chat/completions/render /v1/completions/render "
+        "/skyrl/v1/generate /skyrl/v1/load_lora_adapter /finish_session"
     ).split()
 )
 METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
@@ -130,6 +140,34 @@ class Metrics:
         self.discoveries = self._counter(
             "discoveries", "Reads of the upstream's /v1/models, by outcome.", ("outcome",)
         )
+        self.client_connections = Gauge(
+            PREFIX + "client_connections",
+            "Client connections open on the proxy port.",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.connections_closed = self._counter(
+            "client_connections_closed",
+            "Client connections the sidecar closed itself, by reason (a timeout, or the limit).",
+            ("reason",),
+        )
+        self.buffered_bytes = Gauge(
+            PREFIX + "buffered_bytes",
+            "Bytes of request and response bodies held whole now (the memory budget's use).",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.budget_refusals = Counter(
+            PREFIX + "buffer_budget_refusals",
+            "Bodies the memory budget had no room for: a response streamed, a request refused.",
+            registry=registry,
+        )
+        self.engine = EngineMetrics(registry)
+        self.background_errors = self._counter(
+            "background_errors",
+            "Rounds of the health or discovery loop that failed unexpectedly (and were survived).",
+            ("task",),
+        )
 
     def _counter(self, name: str, doc: str, labels: tuple[str, ...]) -> Family[Counter]:
         return Family(Counter(PREFIX + name, doc, labels, registry=self.registry))
@@ -137,6 +175,78 @@ class Metrics:
     def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Family[Histogram]:
         return Family(
             Histogram(PREFIX + name, doc, ("route",), buckets=buckets, registry=self.registry)
+        )
+
+
+# Phases last from seconds (a pause around a weight sync) to hours (a sleeping engine).
+PHASE_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 14400)
+
+
+class EngineState(Collector):
+    """The engine's phase and weight version, as the lifecycle last set them."""
+
+    def __init__(self) -> None:
+        self.phase = SERVING
+        self.version: str | None = None
+
+    def collect(self) -> Iterable[Metric]:
+        phase = GaugeMetricFamily(
+            PREFIX + "engine_phase",
+            "1 for the engine's current phase (serving, paused, sleeping, weight_sync), else 0.",
+            labels=("phase",),
+        )
+        for name in PHASES:
+            phase.add_metric((name,), 1 if name == self.phase else 0)
+        version = GaugeMetricFamily(
+            PREFIX + "weight_version_info",
+            "1, labelled with the weight version vLLM reports now (GET /weight_info).",
+            labels=("version",),
+        )
+        if self.version is not None:
+            version.add_metric((self.version,), 1)
+        return (phase, version)
+
+
+class EngineMetrics:
+    """The engine lifecycle: phase, weight version, and what phases did to requests."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        # Read at scrape time, not kept in gauges: with --workers N only the supervisor's state
+        # is exported, and an old version's series goes with it (multiprocess mode cannot remove).
+        self.state = EngineState()
+        registry.register(self.state)
+        self.weight_updates = Counter(
+            PREFIX + "weight_updates",
+            "Weight updates finished (a successful /finish_weight_update).",
+            registry=registry,
+        )
+        self.phase_duration = Family(
+            Histogram(
+                PREFIX + "engine_phase_duration_seconds",
+                "How long each phase lasted, observed when it ends.",
+                ("phase",),
+                buckets=PHASE_BUCKETS,
+                registry=registry,
+            )
+        )
+        self.requests = Family(
+            Counter(
+                PREFIX + "phase_requests",
+                "Data-plane requests a phase held, refused (503) or had vLLM abort, by route.",
+                ("phase", "route", "outcome"),
+                registry=registry,
+            )
+        )
+        self.held = Gauge(
+            PREFIX + "held_requests",
+            "Requests held now, waiting for the engine.",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.unpaused_sync = Counter(
+            PREFIX + "weight_update_running_requests",
+            "Requests running when a weight update started: a missing pause before the update.",
+            registry=registry,
         )
 
 

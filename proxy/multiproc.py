@@ -12,16 +12,18 @@ from prometheus_client.registry import Collector
 
 
 class PodCollector(Collector):
-    """The merged samples of every process, then each declared family no process has written
-    yet, empty: a labelled metric with no sample still shows its HELP and TYPE, as it does
-    with one process (the merged files only know what was written)."""
+    """The live families, the merged samples of every process, then each declared family no
+    process has written yet, empty: a labelled metric with no sample still shows its HELP and
+    TYPE, as it does with one process (the merged files only know what was written)."""
 
-    def __init__(self, path: str, declared: CollectorRegistry) -> None:
+    def __init__(self, path: str, declared: CollectorRegistry, live: Collector) -> None:
         self._merged = MultiProcessCollector(None, path)  # type: ignore[no-untyped-call]
-        self._declared = declared
+        self._declared, self._live = declared, live
 
     def collect(self) -> Iterable[Metric]:
-        seen = set()
+        live = list(self._live.collect())
+        seen = {family.name for family in live}
+        yield from live
         for family in self._merged.collect():  # type: ignore[no-untyped-call]
             seen.add(family.name)
             yield family
@@ -30,10 +32,11 @@ class PodCollector(Collector):
                 yield Metric(family.name, family.documentation, family.type, family.unit)
 
 
-def pod_registry(path: str, declared: CollectorRegistry) -> CollectorRegistry:
-    """A registry for the admin `/metrics`: every worker's and the supervisor's samples."""
+def pod_registry(path: str, declared: CollectorRegistry, *, live: Collector) -> CollectorRegistry:
+    """A registry for the admin `/metrics`: every worker's and the supervisor's samples, and
+    `live`'s, read from the supervisor at scrape time (the pod's engine phase and version)."""
     registry = CollectorRegistry()
-    registry.register(PodCollector(path, declared))
+    registry.register(PodCollector(path, declared, live))
     return registry
 
 

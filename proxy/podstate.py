@@ -33,10 +33,14 @@ LINE_LIMIT = 16 << 20  # the served list and aliases of one upstream; far below 
 
 
 class Channel:
-    """JSON lines both ways over one connected socket; EOF means the other process is gone."""
+    """JSON lines both ways over one connected socket; EOF means the other process is gone.
+
+    A message with `ask` wants an answer: the other side sends one with `reply` set to it."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader, self._writer = reader, writer
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[Message]] = {}
 
     @classmethod
     async def open(cls, sock: socket.socket) -> Channel:
@@ -48,8 +52,27 @@ class Channel:
             self._writer.write(orjson.dumps(message) + b"\n")
 
     async def receive(self) -> Message | None:
+        """The next message; an answer to `ask` also goes to the one waiting for it."""
         line = await self._reader.readline()
-        return orjson.loads(line) if line else None
+        if not line:
+            return None
+        message: Message = orjson.loads(line)
+        waiter = self._waiting.pop(message.get("reply", 0), None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(message)
+        return message
+
+    async def ask(self, message: Message, *, within: float) -> Message | None:
+        """Send `message` and wait for its answer; None when none came `within` seconds."""
+        ask_id = next(self._ids)
+        answered = self._waiting[ask_id] = asyncio.get_running_loop().create_future()
+        self.send({**message, "ask": ask_id})
+        try:
+            return await asyncio.wait_for(answered, within)
+        except TimeoutError:
+            return None
+        finally:
+            self._waiting.pop(ask_id, None)
 
     def close(self) -> None:
         self._writer.close()
@@ -115,8 +138,6 @@ class FollowerDiscovery(Discovery):
     def __init__(self, settings: Settings, metrics: Metrics, base: URL, channel: Channel) -> None:
         super().__init__(settings, metrics, base)
         self._channel = channel
-        self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[None]] = {}
         self._asking: asyncio.Task[bool] | None = None
 
     def apply(self, state: Message) -> None:
@@ -125,26 +146,12 @@ class FollowerDiscovery(Discovery):
         self.healthy, self.last_error = state["healthy"], state["last_error"]
         self._metrics.upstream_up.set(1 if self.healthy else 0)
 
-    async def follow(self) -> None:
-        """Apply every state the supervisor sends, until it goes away."""
-        while (message := await self._channel.receive()) is not None:
-            self.apply(message["state"])
-            waiter = self._waiting.pop(message.get("reply", 0), None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
-        log.warning("the supervisor is gone: this worker stops")
-
     async def refresh(self) -> bool:
         """Ask the supervisor to re-read the served list (rate-limited pod-wide), and wait."""
-        ask_id = next(self._ids)
-        answered = self._waiting[ask_id] = asyncio.get_running_loop().create_future()
-        self._channel.send({"miss": ask_id})
-        try:
-            await asyncio.wait_for(answered, max(self._settings.connect_timeout, 5.0))
-        except TimeoutError:
+        within = max(self._settings.connect_timeout, 5.0)
+        reply = await self._channel.ask({"miss": True}, within=within)
+        if reply is None:
             log.warning("the supervisor did not answer a refresh request in time")
-        finally:
-            self._waiting.pop(ask_id, None)
         return self.models_known
 
     async def refresh_on_miss(self) -> None:
@@ -156,4 +163,4 @@ class FollowerDiscovery(Discovery):
 
     @contextlib.asynccontextmanager
     async def running(self, session: aiohttp.ClientSession) -> AsyncIterator[None]:
-        yield  # the supervisor runs the checks; `follow` applies them
+        yield  # the supervisor runs the checks; the worker applies them (`worker.follow`)

@@ -13,6 +13,7 @@ from . import envelope
 from .discovery import Discovery
 from .errors import ShuttingDown, SidecarFailure, UpstreamInvalidResponse
 from .exchange import CLIENT_CLOSED, Exchange
+from .gate import stream_ended
 from .headers import SIDECAR_ERROR, drop, response_headers
 from .inbound import model_info
 from .keys import IN_FLIGHT
@@ -24,6 +25,13 @@ from .upstream import UPSTREAM_ERRORS, classify
 # drops mid-body still gets the client a proper 502 envelope instead of a cut body.
 BUFFER_LIMIT = 16 * 1024 * 1024
 _ENTITY = ("Content-Length", "Content-Type", "Content-Encoding")
+
+
+def client_left(ex: Exchange, metrics: Metrics) -> None:
+    """Count a client that left before its answer was complete (status 499, nginx's)."""
+    metrics.disconnects.labels(ex.route).inc()
+    ex.reason = ex.reason or "client_disconnected"
+    ex.status = CLIENT_CLOSED
 
 
 def envelope_response(
@@ -112,6 +120,17 @@ def unframed_json(resp: aiohttp.ClientResponse) -> bool:
     )
 
 
+def chunked_json_read(resp: aiohttp.ClientResponse) -> bool:
+    """A chunked JSON answer to a GET (`/get_world_size`, `/is_sleeping`): relayed with a
+    Content-Length, because SkyRL 0.4's control plane reads no body without one."""
+    return (
+        resp.method == "GET"
+        and resp.status < 300
+        and "chunked" in resp.headers.get("Transfer-Encoding", "").lower()
+        and "json" in resp.headers.get("Content-Type", "").lower()
+    )
+
+
 async def checked_json_reply(ex: Exchange, resp: aiohttp.ClientResponse) -> web.Response:
     """An unframed JSON body, read whole and relayed only when it parses: a cut one is a 502."""
     body, over = await _read_capped(resp, BUFFER_LIMIT)
@@ -145,8 +164,9 @@ async def stream_reply(
         drop(headers, ("Content-Length",))  # an error event may have to be appended
     out = web.StreamResponse(status=resp.status, headers=headers)
     ex.status = resp.status
-    await out.prepare(request)
     stream = _Stream(out, ex, metrics, ErrorWatcher() if sse else None)
+    if not await stream.start(request):
+        return out
     info = model_info(ex, discovery, suggest=False)
     try:
         failure = await stream.pump(resp)
@@ -164,7 +184,9 @@ async def stream_reply(
         await stream.end_with(failure, info)
     if stream.client_gone:
         return out
-    await out.write_eof()
+    if sse and (tail := stream_ended(request, aborted=stream.aborted)):
+        await stream.write(tail)  # engine lifecycle: an abort counted, a weight-version change
+    await stream.finish()
     return out
 
 
@@ -198,23 +220,44 @@ class _Stream:
             if not await self.write(chunk):
                 return None
 
+    # A ConnectionError from any write to the client (the headers, a chunk, the end) means the
+    # client left: it is counted as a disconnect, never as the upstream's failure, and no
+    # second response is attempted.
+    async def start(self, request: web.Request) -> bool:
+        try:
+            await self.out.prepare(request)
+        except ConnectionError:
+            return self._client_left()
+        return True
+
     async def write(self, data: bytes) -> bool:
         try:
             await self.out.write(data)
         except ConnectionError:
-            self.metrics.disconnects.labels(self.ex.route).inc()
-            self.ex.reason = self.ex.reason or "client_disconnected"
-            self.ex.status = CLIENT_CLOSED
-            self.client_gone = True
-            return False
+            return self._client_left()
         return True
+
+    async def finish(self) -> None:
+        try:
+            await self.out.write_eof()
+        except ConnectionError:
+            self._client_left()
+
+    def _client_left(self) -> bool:
+        client_left(self.ex, self.metrics)
+        self.client_gone = True
+        return False
 
     async def end_with(self, failure: SidecarFailure, info: envelope.ModelInfo | None) -> None:
         """One SSE error event and [DONE], after whatever event the upstream left unfinished."""
         env = envelope.from_failure(failure, request_id=self.ex.request_id, model=info)
         sep = b"" if self.tail.endswith(b"\n\n") else b"\n\n"
         if await self.write(sep + envelope.sse_event(env)):
-            await self.out.write_eof()
+            await self.finish()
+
+    @property
+    def aborted(self) -> bool:
+        return self.watcher is not None and self.watcher.aborted
 
     def count_errors(self) -> None:
         """Count the error events seen since the last call, before they reach the client."""

@@ -41,6 +41,15 @@ def basename(name: str) -> str:
     return name.rstrip("/").rsplit("/", 1)[-1]
 
 
+# difflib is quadratic in the worst case: names are compared by their first characters only
+# (real names are shorter), so a suggestion costs well under a millisecond.
+_SUGGEST_CHARS = 128
+
+
+def _comparable(name: str) -> str:
+    return basename(name[:4096]).casefold()[:_SUGGEST_CHARS]
+
+
 # key -> {model group -> served name}; more than one group under a key is an ambiguity.
 _Index = dict[str, dict[str, str]]
 
@@ -116,10 +125,10 @@ class ModelTable:
 
     def suggestions(self, name: str, limit: int = 3) -> tuple[str, ...]:
         """The served names closest to `name`, for error messages."""
-        wanted = basename(name).casefold()
+        wanted = _comparable(name)
         scored = sorted(
             (
-                (difflib.SequenceMatcher(None, wanted, basename(m.id).casefold()).ratio(), m.id)
+                (difflib.SequenceMatcher(None, wanted, _comparable(m.id)).ratio(), m.id)
                 for m in self.served
             ),
             key=lambda pair: -pair[0],

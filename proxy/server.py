@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import socket
@@ -12,10 +13,11 @@ from typing import Any
 
 from aiohttp import web
 
-from . import logs
+from . import connections, logs
 from .admin import create_admin_app
 from .app import create_app
-from .keys import IN_FLIGHT
+from .budget import map_large_buffers
+from .keys import CONNECTIONS, IN_FLIGHT
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -38,43 +40,67 @@ async def serve(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     proxy = proxy if proxy is not None else create_app(settings)
+    watch = proxy[CONNECTIONS]
+    watch.limits = _capped(watch.limits)
     # aiohttp's default leaves a handler running after its client hangs up, and with it the
     # generation on the GPU; cancelling it closes the upstream request, and vLLM aborts.
     runner = web.AppRunner(
         proxy,
         handler_cancellation=True,
         shutdown_timeout=1.0,
+        # aiohttp's own idle limit is an hour; the guard's sweep closes idle connections and
+        # counts them, this is only its backstop.
+        keepalive_timeout=2 * settings.client_idle_timeout + 1,
         access_log=None,
         handle_signals=False,
     )
     admin = web.AppRunner(create_admin_app(proxy), access_log=None, handle_signals=False)
     await runner.setup()
     await admin.setup()
-    site: web.BaseSite = (
-        web.SockSite(runner, listen, backlog=1024)
-        if listen is not None
-        else web.TCPSite(runner, settings.host, settings.port, backlog=1024)
-    )
+    listener, sweep = None, None
+    admin_host = settings.admin_host or settings.host
     try:
-        await site.start()
+        listener, sweep = await connections.serve_guarded(
+            watch, runner.server, settings.host, settings.port, sock=listen
+        )
         if listen is None:
-            await web.TCPSite(admin, settings.host, settings.admin_port).start()
+            await web.TCPSite(admin, admin_host, settings.admin_port).start()
         log.info(
-            "vllm-sidecar on %s:%d (admin %d) -> %s",
+            "vllm-sidecar on %s:%d (admin %s:%d) -> %s",
             settings.host,
             settings.port,
+            admin_host,
             settings.admin_port,
             settings.upstream_url,
         )
         await _flushing_logs_until(stop)
         log.info("stopping: draining in-flight requests for up to %gs", settings.shutdown_grace)
-        await site.stop()  # refuse new connections; readiness reports draining
+        listener.close()  # refuse new connections; readiness reports draining
+        watch.start_draining()
         await proxy[IN_FLIGHT].drain(settings.shutdown_grace)
     finally:
+        if sweep is not None:
+            sweep.cancel()
+        if listener is not None:
+            listener.close()
         await runner.cleanup()  # idle connections, then the upstream session
         await admin.cleanup()
     log.info("stopped")
     logs.flush()
+
+
+def _capped(limits: connections.Limits) -> connections.Limits:
+    """The connection limit within what the process's descriptors allow, raised first."""
+    fds = connections.raise_fd_limit()
+    cap = connections.connection_cap(limits.max_connections, fds)
+    if cap < limits.max_connections:
+        log.warning(
+            "open-files limit %d allows %d client connections, not %d",
+            fds,
+            cap,
+            limits.max_connections,
+        )
+    return dataclasses.replace(limits, max_connections=cap)
 
 
 async def _flushing_logs_until(stop: asyncio.Event, interval: float = 0.5) -> None:
@@ -91,6 +117,7 @@ def run(settings: Settings) -> None:
 
 def run_loop(main: Coroutine[Any, Any, None]) -> None:
     """Run `main` to completion on uvloop, where it builds."""
+    map_large_buffers()
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency where it builds

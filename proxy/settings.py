@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliApp, NoDecode, SettingsConfigDict
 from yarl import URL
 
@@ -37,7 +37,10 @@ class Settings(BaseSettings):
     )
     host: str = Field("0.0.0.0", description="proxy listen address")
     port: int = Field(8080, ge=0, le=65535, description="proxy port")
-    admin_port: int = Field(8081, ge=0, le=65535, description="admin port (same host)")
+    admin_port: int = Field(8081, ge=0, le=65535, description="admin port")
+    admin_host: str | None = Field(
+        None, description="admin listen address (default: the proxy's --host; probes need it)"
+    )
     served_model_names: Annotated[list[str] | None, NoDecode] = Field(
         None, description="fix the served names (comma-separated) instead of asking /v1/models"
     )
@@ -55,7 +58,31 @@ class Settings(BaseSettings):
         None, gt=0, description="upstream socket read timeout, seconds (none: no limit)"
     )
     max_body_bytes: int = Field(64 * MiB, gt=0, description="larger request bodies get 413")
+    buffer_budget_bytes: int = Field(
+        96 * MiB, gt=0, description="request and response bodies held whole, all requests together"
+    )
     max_connections: int = Field(0, ge=0, description="upstream connection pool size (0: no limit)")
+    pool_timeout: float = Field(
+        30.0, gt=0, description="longest wait for a free pooled upstream connection, seconds"
+    )
+    client_header_timeout: float = Field(
+        60.0, gt=0, description="a request head must be complete this long after its first byte"
+    )
+    client_body_timeout: float = Field(
+        60.0, gt=0, description="longest pause between two reads of a request body, seconds"
+    )
+    client_body_min_rate: int = Field(
+        1024, ge=0, description="a request body slower than this, bytes/s, is cut (0: no minimum)"
+    )
+    client_idle_timeout: float = Field(
+        30.0, gt=0, description="an idle keep-alive client connection is closed after this"
+    )
+    client_send_timeout: float = Field(
+        60.0, gt=0, description="longest a client may take no byte of its answer, seconds"
+    )
+    max_client_connections: int = Field(
+        4096, gt=0, description="client connections on the proxy port (also capped by descriptors)"
+    )
     error_body_bytes: int = Field(
         1 * MiB, gt=0, description="upstream error bodies kept in envelopes, the rest is cut"
     )
@@ -65,6 +92,16 @@ class Settings(BaseSettings):
     shutdown_grace: float = Field(
         25.0, ge=0, description="seconds in-flight requests get after SIGTERM"
     )
+    phase_hold_timeout: float = Field(
+        30.0, ge=0, description="seconds a request waits out a pause, sleep or weight sync (0: 503)"
+    )
+    phase_hold_queue: int = Field(
+        1024, ge=0, description="most requests held at once; more get 503 at once"
+    )
+    control_token: SecretStr | None = Field(
+        None, description="bearer token every control-plane call (pause, sleep, weights) needs"
+    )
+    control_token_file: str | None = Field(None, description="a file holding --control-token")
     access_log: bool = Field(True, description="one INFO line per request (logger proxy.access)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info")
     log_format: Literal["text", "json"] = Field("text")
@@ -101,13 +138,35 @@ class Settings(BaseSettings):
     def _none(cls, value: Any) -> Any:
         return None if isinstance(value, str) and value.lower() in ("", "none", "0") else value
 
+    @model_validator(mode="after")
+    def _token_file(self) -> Settings:
+        if self.control_token_file is None:
+            return self
+        if self.control_token is not None:
+            raise ValueError("set --control-token or --control-token-file, not both")
+        try:
+            with open(self.control_token_file, encoding="utf-8") as file:
+                token = file.read().strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read --control-token-file: {exc}") from None
+        if not token:
+            raise ValueError("--control-token-file is empty")
+        self.control_token = SecretStr(token)
+        return self
+
+    def control_secret(self) -> bytes | None:
+        token = self.control_token.get_secret_value() if self.control_token else ""
+        return token.encode() or None
+
 
 def _one_line(exc: ValidationError) -> str:
     err = exc.errors()[0]
-    name = str(err["loc"][0]) if err["loc"] else "settings"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    if not err["loc"]:  # a rule across settings: its message names them
+        return f"vllm-sidecar: invalid settings: {err['msg']}{more}"
+    name = str(err["loc"][0])
     flag = "--" + name.replace("_", "-")
     env = "VLLM_SIDECAR_" + name.upper()
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return f"vllm-sidecar: invalid {flag} / {env}: {err['msg']} (got {err.get('input')!r}){more}"
 
 

@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 
 _ERROR_MARK = b'"error"'
+_ABORT_MARK = b'"finish_reason":"abort"'  # vLLM's compact JSON: the engine aborted the request
 _MAX_TAIL = 1 << 20  # an event line longer than this cannot be an error event worth parsing
 
 
@@ -26,6 +27,7 @@ class ErrorWatcher:
     def __init__(self) -> None:
         self._tail = b""
         self.errors: list[Any] = []
+        self.aborted = False
 
     def take(self) -> list[Any]:
         """The error events found since the last call."""
@@ -38,6 +40,7 @@ class ErrorWatcher:
         cut = data.rfind(b"\n") + 1
         rest = len(data) - cut
         self._tail = data[cut:] if 0 < rest <= _MAX_TAIL else b""
+        self.aborted = self.aborted or _ABORT_MARK in data
         if data.find(_ERROR_MARK, 0, cut) < 0:  # no copy of the chunk, unlike `in data[:cut]`
             return False
         for line in data[:cut].split(b"\n"):

@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -21,9 +22,10 @@ from yarl import URL
 from . import logs
 from .admin import create_admin_app
 from .app import create_app
-from .keys import DISCOVERY, IN_FLIGHT, METRICS
-from .metrics import Metrics, WorkerMetrics
+from .keys import DISCOVERY, DRAIN, IN_FLIGHT, LIFECYCLE, METRICS
+from .metrics import EngineMetrics, Metrics, WorkerMetrics
 from .multiproc import pod_registry, process_gone
+from .podlifecycle import PodLifecycle, snapshot
 from .podstate import Channel, Message, PodDiscovery
 from .server import _flushing_logs_until
 from .settings import Settings
@@ -62,14 +64,33 @@ class Supervisor:
         self.stopping = False
         self.declared = CollectorRegistry()
         self.metrics = WorkerMetrics(self.declared)
-        self.pod = create_app(settings, registry=self.declared, discovery=self._discovery)
-        # The admin port's /metrics is the pod's: every process's files, merged.
-        self.pod[METRICS].registry = pod_registry(path, self.declared)
+        # Never served: it holds the pod's discovery, engine phase and reconciling, for the
+        # admin port and the workers.
+        self.pod = create_app(
+            settings,
+            registry=self.declared,
+            discovery=self._discovery,
+            lifecycle=self._lifecycle,
+        )
+        self.pod[DRAIN] = self._drain_workers
+        # The admin port's /metrics is the pod's: every process's files, merged, and the pod's
+        # engine phase and weight version, read from the supervisor's lifecycle.
+        metrics = self.pod[METRICS]
+        metrics.registry = pod_registry(path, self.declared, live=metrics.engine.state)
 
     def _discovery(self, settings: Settings, metrics: Metrics, base: URL) -> PodDiscovery:
         return PodDiscovery(
             settings, metrics, base, publish=self._broadcast, live_workers=self._live
         )
+
+    def _lifecycle(self, metrics: EngineMetrics, **kwargs: Any) -> PodLifecycle:
+        return PodLifecycle(metrics, publish=self._send_all, **kwargs)
+
+    @property
+    def lifecycle(self) -> PodLifecycle:
+        found = self.pod[LIFECYCLE]
+        assert isinstance(found, PodLifecycle)
+        return found
 
     @property
     def discovery(self) -> PodDiscovery:
@@ -81,8 +102,11 @@ class Supervisor:
         return sum(w.listening and w.proc.returncode is None for w in self.workers.values())
 
     def _broadcast(self, state: Message) -> None:
+        self._send_all({"state": state})
+
+    def _send_all(self, message: Message) -> None:
         for worker in self.workers.values():
-            worker.channel.send({"state": state})
+            worker.channel.send(message)
 
     async def run(self) -> None:
         stop = asyncio.Event()
@@ -130,7 +154,11 @@ class Supervisor:
         channel = await Channel.open(ours)
         worker = self.workers[index] = Worker(index, proc, channel)
         channel.send(
-            {"settings": self.settings.model_dump(mode="json"), "state": self.discovery.state}
+            {
+                "settings": self.settings.model_dump(mode="json"),
+                "state": self.discovery.state,
+                **snapshot(self.lifecycle),
+            }
         )
         worker.tasks = [
             asyncio.create_task(self._converse(worker)),
@@ -139,20 +167,27 @@ class Supervisor:
         log.info("worker %d started (pid %d)", index, proc.pid)
 
     async def _converse(self, worker: Worker) -> None:
-        """A worker's messages: it listens now, or it met an unknown name."""
-        while (message := await worker.channel.receive()) is not None:
+        """A worker's messages: it listens now, it met an unknown name, or it relays a step of
+        a control call. One at a time, in order: a call's steps must be taken as sent."""
+        channel = worker.channel
+        while (message := await channel.receive()) is not None:
             if "listening" in message:
                 worker.listening = True
                 self.metrics.live.set(self._live())
             elif "miss" in message:
                 await self.discovery.refresh_on_miss()
-                worker.channel.send({"state": self.discovery.state, "reply": message["miss"]})
+                channel.send({"state": self.discovery.state, "reply": message["ask"]})
+            elif "lifecycle" in message:
+                answer = await self.lifecycle.relayed(worker.index, message["lifecycle"])
+                if "ask" in message:
+                    channel.send({**answer, "reply": message["ask"]})
 
     async def _watch(self, worker: Worker) -> None:
         """Wait for the worker to exit; unless the pod is stopping, count it and start another."""
         code = await worker.proc.wait()
         worker.channel.close()
         process_gone(worker.proc.pid, self.path)
+        self.lifecycle.worker_gone(worker.index)
         self.metrics.live.set(self._live())
         if self.stopping:
             return
@@ -173,6 +208,15 @@ class Supervisor:
         await asyncio.sleep(delay)
         if not self.stopping:
             await self._start(worker.index)
+
+    async def _drain_workers(self) -> int:
+        """The admin port's `POST /drain`: every worker drains; the requests still in flight
+        once all have answered, or their grace is over."""
+        self.pod[IN_FLIGHT].draining = True  # /readyz: draining
+        wait = self.settings.shutdown_grace + EXIT_SLACK
+        asks = [w.channel.ask({"drain": True}, within=wait) for w in self.workers.values()]
+        answers = await asyncio.gather(*asks)
+        return sum(int(a["in_flight"]) for a in answers if a is not None)
 
     async def _drain(self) -> None:
         """SIGTERM to every worker (each drains like one sidecar), then wait for them all."""

@@ -3,23 +3,75 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
+from contextvars import ContextVar
+from typing import Any
 
 import aiohttp
+from aiohttp.client_proto import ResponseHandler
 from yarl import URL
 
 from .errors import (
     SidecarFailure,
     UpstreamDisconnected,
     UpstreamInvalidResponse,
+    UpstreamPoolExhausted,
     UpstreamTimeout,
     UpstreamUnreachable,
 )
 from .settings import Settings
 
+log = logging.getLogger(__name__)
+
+
+class _AnsweredOnce(ResponseHandler):
+    """A pooled connection that closes itself when the upstream writes while no request waits.
+
+    aiohttp parses such bytes into its queue and hands the connection to the next request,
+    which then reads the stale response as its own, and every later request on it the previous
+    one's (the pool checks only that the socket is open). nginx and Envoy close an idle
+    upstream connection that receives data; so does this. Waiting starts when a request's
+    response parameters are set, just before it is sent, and ends when a final (non-1xx)
+    response has been read to its end.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self._waiting = False
+        self._answer: Any = None  # the payload of the final response, once its head is parsed
+
+    def set_response_params(self, **params: Any) -> None:
+        self._waiting, self._answer = True, None
+        super().set_response_params(**params)
+
+    def feed_data(self, data: Any, size: int = 0) -> None:
+        message, payload = data
+        if message.code >= 200:
+            self._answer = payload
+        super().feed_data(data, size)
+
+    def data_received(self, data: bytes) -> None:
+        if data and not self._waiting:
+            log.warning("closing an idle upstream connection that received %d bytes", len(data))
+            if self.transport is not None:
+                self.transport.close()
+            return
+        super().data_received(data)
+        if self._answer is not None and self._answer.is_eof():
+            self._waiting, self._answer = False, None
+
+
+class _Connector(aiohttp.TCPConnector):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # aiohttp has no public hook for the protocol class: the factory is the one seam.
+        self._factory = functools.partial(_AnsweredOnce, loop=self._loop)  # type: ignore[assignment]
+
 
 def make_session(settings: Settings) -> aiohttp.ClientSession:
     """A session tuned for LLM traffic; each default below breaks it when left alone."""
-    connector = aiohttp.TCPConnector(
+    connector = _Connector(
         limit=settings.max_connections,  # 0: SkyRL sends 512 concurrent requests per engine
         limit_per_host=0,
         enable_cleanup_closed=False,
@@ -32,18 +84,42 @@ def make_session(settings: Settings) -> aiohttp.ClientSession:
     )
     timeout = aiohttp.ClientTimeout(
         total=None,  # generations can run for many minutes
+        # aiohttp's `connect` spans the wait for a pooled connection and the connecting; with a
+        # bounded pool that wait gets --pool-timeout, the connecting its own timeout after it.
+        connect=settings.pool_timeout + settings.connect_timeout
+        if settings.max_connections
+        else None,
         sock_connect=settings.connect_timeout,
         sock_read=settings.read_timeout,
     )
     return aiohttp.ClientSession(
         connector=connector,
         timeout=timeout,
+        trace_configs=[_pool_queue_trace()],
         auto_decompress=False,  # relay Content-Encoding together with the bytes it describes
         # Relay the client's headers, not aiohttp's: add none of its defaults.
         skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
         cookie_jar=aiohttp.DummyCookieJar(),
         trust_env=False,
     )
+
+
+# Whether the current request is waiting for a pooled connection: set and cleared by aiohttp's
+# trace signals, which run in the request's own task, so each request sees its own value.
+_QUEUED: ContextVar[bool] = ContextVar("queued_for_upstream_pool", default=False)
+
+
+def _pool_queue_trace() -> aiohttp.TraceConfig:
+    async def queued(*_: object) -> None:
+        _QUEUED.set(True)
+
+    async def dequeued(*_: object) -> None:
+        _QUEUED.set(False)
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_queued_start.append(queued)
+    trace.on_connection_queued_end.append(dequeued)
+    return trace
 
 
 def base_url(settings: Settings) -> URL:
@@ -59,8 +135,24 @@ def target(base: URL, raw_path_qs: str) -> URL:
     return URL(str(base).rstrip("/") + raw_path_qs, encoded=True)
 
 
+class Interrupted(aiohttp.ClientPayloadError):
+    """An upstream read the sidecar ended itself (a stream stuck in an engine phase); it carries
+    the failure the client is told."""
+
+    def __init__(self, failure: SidecarFailure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
 def classify(exc: BaseException, *, where: str) -> SidecarFailure:
     """A client-side exception from talking to the upstream -> the failure the client is told."""
+    if isinstance(exc, Interrupted):
+        return exc.failure
+    if isinstance(exc, aiohttp.ConnectionTimeoutError) and _QUEUED.get():
+        return UpstreamPoolExhausted(
+            f"Every upstream connection (--max-connections) stayed busy {where}, past"
+            " --pool-timeout; retry later."
+        )
     if isinstance(exc, aiohttp.ServerTimeoutError | asyncio.TimeoutError):
         return UpstreamTimeout(f"The upstream timed out {where}: {exc or type(exc).__name__}")
     if isinstance(exc, aiohttp.ClientConnectorError):

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import socket
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,7 @@ class FakeVLLM:
     requests: list[Recorded] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
     scripts: dict[str, list[Handler]] = field(default_factory=dict)
+    engine: DevEngine = field(default_factory=lambda: DevEngine())
 
     # -- scripting -------------------------------------------------------------------------
     def script(self, key: str, handler: Handler, times: int = 1) -> None:
@@ -77,7 +79,7 @@ class FakeVLLM:
     # -- the server ------------------------------------------------------------------------
     def app(self) -> web.Application:
         app = web.Application(client_max_size=256 * 1024 * 1024)
-        app.router.add_route("*", "/{tail:.*}", self._dispatch)
+        app.router.add_route("*", r"/{tail:[\s\S]*}", self._dispatch)  # %0A too
         return app
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
@@ -101,7 +103,9 @@ class FakeVLLM:
             "POST /v1/chat/completions": self.completions,
             "POST /tokenize": self.tokenize,
         }
-        if request.path in ("/sleep", "/wake_up", "/pause", "/resume", "/reset_prefix_cache"):
+        if (dev := self.engine.routes().get(f"{request.method} {request.path}")) is not None:
+            return dev
+        if request.path == "/reset_prefix_cache":
             return self.dev_route
         if request.path in (
             "/init_weight_update_communicator",
@@ -184,36 +188,43 @@ class FakeVLLM:
         chat = request.path.endswith("chat/completions")
         if payload.get("stream"):
             return await self._stream(request, model, chat, oov)
+        await self.engine.admitted()  # vLLM queues new requests while paused or asleep
+        with self.engine.running() as run:
+            for _ in range(self.stream_events if self.stream_delay else 0):
+                await asyncio.sleep(self.stream_delay)
+                if run.aborted:
+                    return json_response(self._completion(model, chat, batch, "abort"))
+                await self.engine.admitted()  # a `keep` pause freezes it here
         if oov:
             msg = "Token id 5000 is out of vocabulary"
             return json_response(error_body(msg, "BadRequestError", None, 400), 400)
-        choices = [self._choice(i, chat) for i in range(len(batch))]
-        return json_response(
-            {
-                "id": f"cmpl-{next(_ids):016x}",
-                "object": "chat.completion" if chat else "text_completion",
-                "created": 1795982287,
-                "model": model,
-                "choices": choices,
-                "usage": {"prompt_tokens": 3, "total_tokens": 7, "completion_tokens": 4},
-            }
-        )
+        return json_response(self._completion(model, chat, batch, "length"))
+
+    def _completion(self, model: str, chat: bool, batch: list[Any], finish: str) -> dict[str, Any]:
+        return {
+            "id": f"cmpl-{next(_ids):016x}",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": 1795982287,
+            "model": model,
+            "choices": [self._choice(i, chat, finish) for i in range(len(batch))],
+            "usage": {"prompt_tokens": 3, "total_tokens": 7, "completion_tokens": 4},
+        }
 
     @staticmethod
-    def _choice(index: int, chat: bool) -> dict[str, Any]:
+    def _choice(index: int, chat: bool, finish: str = "length") -> dict[str, Any]:
         if chat:
             return {
                 "index": index,
                 "message": {"role": "assistant", "content": " fox"},
                 "logprobs": None,
-                "finish_reason": "length",
+                "finish_reason": finish,
                 "stop_reason": None,
             }
         return {
             "index": index,
             "text": " fox",
             "logprobs": None,
-            "finish_reason": "length",
+            "finish_reason": finish,
             "stop_reason": None,
             "token_ids": None,
         }
@@ -221,15 +232,21 @@ class FakeVLLM:
     async def _stream(
         self, request: web.Request, model: str, chat: bool, oov: bool
     ) -> web.StreamResponse:
-        resp = await start_sse(request)
+        resp = await start_sse(request)  # vLLM sends the 200 headers, then queues while paused
+        await self.engine.admitted()
         if oov:
             err = error_body("Token id 5000 is out of vocabulary", "BadRequestError", None, 400)
             await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
         else:
-            for i in range(self.stream_events):
-                await resp.write(sse_chunk(model, i, chat))
-                if self.stream_delay:
-                    await asyncio.sleep(self.stream_delay)
+            with self.engine.running() as run:
+                for i in range(self.stream_events):
+                    if run.aborted:
+                        await resp.write(sse_chunk(model, i, chat, finish="abort"))
+                        break
+                    await self.engine.admitted()  # a `keep` pause freezes it here
+                    await resp.write(sse_chunk(model, i, chat))
+                    if self.stream_delay:
+                        await asyncio.sleep(self.stream_delay)
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -241,16 +258,138 @@ async def start_sse(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-def sse_chunk(model: str, i: int, chat: bool = False) -> bytes:
+def sse_chunk(model: str, i: int, chat: bool = False, finish: str | None = None) -> bytes:
     delta: dict[str, Any] = {"delta": {"content": f" t{i}"}} if chat else {"text": f" t{i}"}
     event = {
         "id": "cmpl-0",
         "object": "chat.completion.chunk" if chat else "text_completion",
         "created": 1795982287,
         "model": model,
-        "choices": [{"index": 0, **delta, "logprobs": None, "finish_reason": None}],
+        "choices": [{"index": 0, **delta, "logprobs": None, "finish_reason": finish}],
     }
     return b"data: " + dumps(event) + b"\n\n"
+
+
+@dataclass
+class Run:
+    aborted: bool = False
+
+
+@dataclass
+class DevEngine:
+    """vLLM 0.32's dev-mode engine routes (VLLM_SERVER_DEV_MODE=1), as captured in
+    shared/vllm-samples/j_*: pause and sleep queue new requests with no bound; `abort` ends the
+    running ones (finish_reason "abort") before the call answers, `wait` drains them first,
+    `keep` freezes them; /is_paused and /is_sleeping are both true in any pause or sleep."""
+
+    paused: bool = False
+    sleeping: bool = False
+    weight_version: str = "default"
+    updating: bool = False
+    woken: set[str] = field(default_factory=set)
+    _runs: dict[int, Run] = field(default_factory=dict)
+    _go: asyncio.Event | None = None
+
+    def routes(self) -> dict[str, Handler]:
+        return {
+            "POST /pause": self.pause,
+            "POST /resume": self.resume,
+            "POST /sleep": self.sleep,
+            "POST /wake_up": self.wake_up,
+            "GET /is_paused": self.is_busy("is_paused"),
+            "GET /is_sleeping": self.is_busy("is_sleeping"),
+            "GET /weight_info": self.weight_info,
+            "POST /start_weight_update": self.start_update,
+            "POST /update_weights": self.message("Weights updated"),
+            "POST /finish_weight_update": self.finish_update,
+            "POST /update_weight_version": self.update_version,
+        }
+
+    @property
+    def go(self) -> asyncio.Event:
+        if self._go is None:
+            self._go = asyncio.Event()
+            self._go.set()
+        return self._go
+
+    async def admitted(self) -> None:
+        await self.go.wait()
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Run]:
+        key, run = next(_ids), Run()
+        self._runs[key] = run
+        try:
+            yield run
+        finally:
+            del self._runs[key]
+
+    async def _stop(self, mode: str) -> None:
+        self.go.clear()
+        if mode == "abort":
+            for run in self._runs.values():
+                run.aborted = True
+        if mode in ("abort", "wait"):
+            for _ in range(500):  # vLLM answers once the running requests are gone
+                if not self._runs:
+                    break
+                await asyncio.sleep(0.01)
+
+    async def pause(self, request: web.Request) -> web.Response:
+        self.paused = True
+        await self._stop(request.query.get("mode", "abort"))
+        return json_response({"status": "paused"})
+
+    async def resume(self, request: web.Request) -> web.Response:
+        self.paused = False
+        if not self.sleeping:
+            self.go.set()
+        return json_response({"status": "resumed"})
+
+    async def sleep(self, request: web.Request) -> web.Response:
+        self.sleeping, self.woken = True, set()
+        await self._stop(request.query.get("mode", "abort"))
+        return json_response({"status": "sleeping", "level": int(request.query.get("level", 1))})
+
+    async def wake_up(self, request: web.Request) -> web.Response:
+        tags = request.query.getall("tags", [])
+        self.woken |= set(tags) if tags else {"weights", "kv_cache"}
+        if {"weights", "kv_cache"} <= self.woken:
+            self.sleeping = False
+            if not self.paused:
+                self.go.set()
+        status = "sleeping" if self.sleeping else "awake"
+        return json_response({"status": status, "tags": tags or None})
+
+    def is_busy(self, key: str) -> Handler:
+        async def handler(request: web.Request) -> web.Response:
+            return json_response({key: self.paused or self.sleeping})
+
+        return handler
+
+    async def weight_info(self, request: web.Request) -> web.Response:
+        return json_response({"weight_version": self.weight_version})
+
+    def message(self, text: str) -> Handler:
+        async def handler(request: web.Request) -> web.Response:
+            return json_response({"message": text})
+
+        return handler
+
+    async def start_update(self, request: web.Request) -> web.Response:
+        self.updating = True
+        return json_response({"message": "Weight update started"})
+
+    async def finish_update(self, request: web.Request) -> web.Response:
+        body = json.loads(await request.read() or b"{}")
+        self.updating = False
+        if body.get("weight_version") is not None:
+            self.weight_version = str(body["weight_version"])
+        return json_response({"message": "Weight update finished"})
+
+    async def update_version(self, request: web.Request) -> web.Response:
+        self.weight_version = str(json.loads(await request.read())["new_version"])
+        return json_response({"success": True, "new_version": self.weight_version})
 
 
 # -- misbehaviours, for FakeVLLM.script ------------------------------------------------------

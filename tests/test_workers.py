@@ -1,5 +1,6 @@
 """`--workers 2` with the real CLI: traffic through both workers, one pod-wide /metrics summed
-exactly, one discovery for the pod, a drain on SIGTERM, a killed worker replaced and counted."""
+exactly, one discovery and one engine phase for the pod, a drain on SIGTERM and on the admin
+port's /drain, a killed worker replaced and counted."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -86,6 +88,7 @@ async def pod(upstream: TestServer, tmp_path: Path) -> AsyncIterator[Pod]:
     try:
         await wait_http_ok(pod.admin + "/readyz")
         await eventually(lambda: len(pod.workers()) == 2)
+        await eventually_metric(pod, "vllm_sidecar_workers", 2)  # both listen
         yield pod
     finally:
         if proc.poll() is None:
@@ -106,6 +109,33 @@ async def complete(url: str, model: str = "tiny-model", **extra: object) -> aioh
         ) as resp:
             await resp.read()
             return resp
+
+
+def held_in(pod: Pod, pid: int) -> float:
+    """One worker's own count of held requests, from its file alone."""
+    db = os.path.join(pod.metrics_dir(), f"gauge_livesum_{pid}.db")
+    if not os.path.exists(db):
+        return 0
+    merged = MultiProcessCollector.merge([db])  # type: ignore[no-untyped-call]
+    return sum(s.value for f in merged if f.name == "vllm_sidecar_held_requests" for s in f.samples)
+
+
+async def control(pod: Pod, path: str, **kwargs: Any) -> aiohttp.ClientResponse:
+    """A control call through the proxy port, on a connection of its own (either worker)."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
+        async with http.post(pod.url + path, **kwargs) as resp:
+            await resp.read()
+            return resp
+
+
+async def held_on_every_worker(pod: Pod, count: int) -> list[asyncio.Task[aiohttp.ClientResponse]]:
+    """`count` completions on connections of their own, all held, some by each worker."""
+    workers = pod.workers()
+    sent = [asyncio.create_task(complete(pod.url)) for _ in range(count)]
+    await eventually(lambda: sum(held_in(pod, pid) for pid in workers) == count)
+    assert all(held_in(pod, pid) > 0 for pid in workers), [held_in(pod, p) for p in workers]
+    assert await pod.metric("vllm_sidecar_held_requests") == count
+    return sent
 
 
 def requests_in(db: str) -> float:
@@ -202,3 +232,96 @@ async def test_workers_stop_when_their_supervisor_is_killed(pod: Pod) -> None:
     await eventually(lambda: running(workers) == [])
     with pytest.raises(aiohttp.ClientConnectorError):
         await complete(pod.url)
+
+
+def forwarded(fake: FakeVLLM) -> int:
+    return sum(r.raw_path == "/v1/completions" for r in fake.requests)
+
+
+async def test_a_pause_through_one_worker_holds_requests_on_every_worker(
+    pod: Pod, fake: FakeVLLM
+) -> None:
+    assert (await control(pod, "/pause?mode=keep")).status == 200
+    # Fresh connections, so the kernel spreads them: every worker must hold its share, the
+    # one that did not relay the pause too; none reaches vLLM.
+    held = await held_on_every_worker(pod, 12)
+    assert forwarded(fake) == 0
+    assert await pod.metric("vllm_sidecar_engine_phase", phase="paused") == 1
+    assert (await control(pod, "/resume")).status == 200
+    assert [(await task).status for task in held] == [200] * 12
+    assert forwarded(fake) == 12
+    assert await pod.metric("vllm_sidecar_engine_phase", phase="serving") == 1
+    assert await pod.metric("vllm_sidecar_held_requests") == 0
+
+
+async def test_a_weight_update_holds_every_worker_and_one_version_is_stamped(
+    pod: Pod, fake: FakeVLLM
+) -> None:
+    await eventually_metric(pod, "vllm_sidecar_weight_version_info", 1, version="default")
+    assert (await control(pod, "/start_weight_update")).status == 200
+    held = await held_on_every_worker(pod, 12)
+    assert forwarded(fake) == 0  # nothing runs into the update, whichever worker it reached
+    finish = await control(pod, "/finish_weight_update", json={"weight_version": "v2"})
+    assert finish.status == 200
+    answers = [await task for task in held]
+    assert [r.status for r in answers] == [200] * 12
+    # Every worker knew the new version when it released its requests.
+    assert {r.headers["X-Weight-Version"] for r in answers} == {"v2"}
+    after = [await complete(pod.url) for _ in range(8)]
+    assert {r.headers["X-Weight-Version"] for r in after} == {"v2"}
+    assert await pod.metric("vllm_sidecar_weight_updates_total") == 1
+    # One pod, one phase and one version: the supervisor's, with no per-process series.
+    text = await admin_text(pod, "/metrics")
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    phases = families["vllm_sidecar_engine_phase"].samples
+    assert all(set(s.labels) == {"phase"} for s in phases)
+    assert {s.labels["phase"]: s.value for s in phases} == {
+        "serving": 1,
+        "paused": 0,
+        "sleeping": 0,
+        "weight_sync": 0,
+    }
+    assert len(phases) == 4
+    versions = families["vllm_sidecar_weight_version_info"].samples
+    assert [(s.labels, s.value) for s in versions] == [({"version": "v2"}, 1.0)]
+    durations = families["vllm_sidecar_engine_phase_duration_seconds"].samples
+    counts = {s.labels["phase"]: s.value for s in durations if s.name.endswith("_count")}
+    assert counts == {"serving": 1, "weight_sync": 1}  # observed once for the pod, not per worker
+
+
+async def test_admin_drain_drains_every_worker(pod: Pod, fake: FakeVLLM) -> None:
+    fake.stream_events, fake.stream_delay = 10, 0.1
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            pod.url + "/v1/completions", json={"model": "tiny-model", "prompt": "x", "stream": True}
+        ) as resp:
+            await resp.content.readuntil(b"\n\n")
+            drain = asyncio.create_task(session.post(pod.admin + "/drain"))
+            await asyncio.sleep(0.3)
+            assert not drain.done()  # it answers once the stream has ended
+            # Whichever worker the kernel picks: it takes no new request.
+            refused = [await complete(pod.url) for _ in range(8)]
+            assert {r.status for r in refused} == {503}
+            async with session.get(pod.admin + "/readyz") as ready:
+                assert ready.status == 503
+            events = [e for e in (await resp.text()).split("\n\n") if e]
+        answer = await drain
+        assert answer.status == 200
+        assert await answer.json() == {"draining": True, "in_flight": 0}
+    assert events[-1] == "data: [DONE]"
+    assert len(events) == 10
+    assert pod.proc.poll() is None  # drained, not stopped: SIGTERM comes later
+
+
+async def admin_text(pod: Pod, path: str) -> str:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(pod.admin + path) as resp:
+            return await resp.text()
+
+
+async def eventually_metric(pod: Pod, name: str, value: float, **labels: str) -> None:
+    for _ in range(200):
+        if await pod.metric(name, **labels) == value:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{name}{labels} never became {value}")

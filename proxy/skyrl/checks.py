@@ -22,6 +22,8 @@ class Answer:
     body: bytes
     content_type: str = ""
     request_id: str | None = None
+    retry_after: float | None = None
+    weight_version: str | None = None
 
     def fail(
         self,
@@ -39,6 +41,7 @@ class Answer:
             status=self.status,
             request_id=request_id or self.request_id,
             envelope=envelope,
+            retry_after=self.retry_after,
         )
 
     def text(self) -> str:

@@ -14,6 +14,7 @@ and the base class's ``sample`` (which calls ``generate``).
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict
 from typing import Any
 
@@ -25,7 +26,7 @@ from skyrl.backends.skyrl_train.inference_engines.remote_inference_engine import
 )
 
 from proxy.skyrl.checks import Answer, check_choices, check_json_object
-from proxy.skyrl.errors import SidecarError
+from proxy.skyrl.transport import CONTROL_TOKEN_ENV, bearer, exchange
 
 
 class SidecarInferenceEngine(RemoteInferenceEngine):
@@ -39,8 +40,9 @@ class SidecarInferenceEngine(RemoteInferenceEngine):
     # generation either), but a refused or black-holed sidecar fails fast.
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, control_token: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.control_token = control_token or os.environ.get(CONTROL_TOKEN_ENV) or None
         self._weight_loader = _SidecarWeightLoader(self)
 
     async def generate(self, input_batch: Any) -> Any:
@@ -74,20 +76,26 @@ class SidecarInferenceEngine(RemoteInferenceEngine):
         return await self._completion("/v1/completions", request_payload.get("json", {}))
 
     async def wake_up(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        return await self._post("/wake_up", json={"tags": kwargs.get("tags", 1)})
+        # vLLM 0.32 reads `tags` from the query only (repeated), never from a body.
+        tags = kwargs.get("tags") or []
+        return await self._control("/wake_up", params=[("tags", str(tag)) for tag in tags])
 
     async def sleep(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        return await self._post("/sleep", json={"level": kwargs.get("level", 1)})
+        # vLLM 0.32 reads `level` and `mode` from the query; a body would be ignored (level 1).
+        params = {"level": str(kwargs.get("level", 1))}
+        if kwargs.get("mode"):
+            params["mode"] = str(kwargs["mode"])
+        return await self._control("/sleep", params=params)
 
     async def reset_prefix_cache(self) -> dict[str, Any]:
         self._require_vllm()
-        return await self._post("/reset_prefix_cache")
+        return await self._control("/reset_prefix_cache")
 
     async def pause_generation(self) -> None:
-        await self._post("/pause", params={"mode": "keep"})
+        await self._control("/pause", params={"mode": "keep"})
 
     async def resume_generation(self) -> None:
-        await self._post("/resume")
+        await self._control("/resume")
 
     async def _completion(self, path: str, body: Any) -> dict[str, Any]:
         answer = await self._request("POST", path, json=body)
@@ -96,35 +104,19 @@ class SidecarInferenceEngine(RemoteInferenceEngine):
             raise answer.fail(f"the response has no 'choices' list: {answer.text()}")
         return result
 
-    async def _post(
-        self, path: str, *, json: Any = None, params: dict[str, str] | None = None
-    ) -> dict[str, Any]:
-        return check_json_object(await self._request("POST", path, json=json, params=params))
+    async def _control(self, path: str, *, json: Any = None, params: Any = None) -> dict[str, Any]:
+        """A control-plane call: the sidecar's control token goes with it (and only with it)."""
+        answer = await self._request("POST", path, json=json, params=params, control=True)
+        return check_json_object(answer)
 
     async def _request(
-        self, method: str, path: str, *, json: Any = None, params: dict[str, str] | None = None
+        self, method: str, path: str, *, json: Any = None, params: Any = None, control: bool = False
     ) -> Answer:
-        url = f"{self.url}{path}"
-        try:
-            async with (
-                aiohttp.ClientSession(timeout=self.timeout) as session,
-                session.request(method, url, json=json, params=params) as resp,
-            ):
-                body = await resp.read()
-        except TimeoutError as exc:
-            raise _unreachable(method, url, "sidecar_timeout", "timed out", exc) from exc
-        except aiohttp.ClientConnectorError as exc:
-            raise _unreachable(method, url, "sidecar_unreachable", "cannot connect", exc) from exc
-        except aiohttp.ClientError as exc:
-            raise _unreachable(method, url, "sidecar_disconnected", "connection lost", exc) from exc
-        return Answer(
-            method=method,
-            url=str(resp.url),
-            status=resp.status,
-            body=body,
-            content_type=resp.content_type,
-            request_id=resp.headers.get("X-Request-Id"),
-        )
+        headers = bearer(self.control_token) if control else None
+        async with aiohttp.ClientSession(timeout=self.timeout) as session:
+            return await exchange(
+                session, method, f"{self.url}{path}", json=json, params=params, headers=headers
+            )
 
     def _require_vllm(self) -> None:
         if self.engine_backend != "vllm":
@@ -147,22 +139,15 @@ class _SidecarWeightLoader(RemoteWeightLoader):
                 f"got: {init_info.strategy_type().__name__}"
             )
         self._engine._require_vllm()
-        return await self._engine._post("/init_weight_update_communicator", json=asdict(init_info))
+        return await self._engine._control(
+            "/init_weight_update_communicator", json=asdict(init_info)
+        )
 
     async def load_weights(self, request: Any) -> dict[str, Any]:
         self._engine._require_vllm()
-        return await self._engine._post("/update_weights_skyrl", json=asdict(request))
+        return await self._engine._control("/update_weights_skyrl", json=asdict(request))
 
     async def destroy_group(self) -> dict[str, Any]:
         # The parent posts no body, which SkyRL's own server answers with a 500 (its handler
         # reads a JSON body); an empty object is what that handler can parse.
-        return await self._engine._post("/destroy_weights_update_group", json={})
-
-
-def _unreachable(method: str, url: str, reason: str, what: str, exc: BaseException) -> SidecarError:
-    return SidecarError(
-        f"{what} to the sidecar ({type(exc).__name__}: {exc})",
-        reason=reason,
-        method=method,
-        url=url,
-    )
+        return await self._engine._control("/destroy_weights_update_group", json={})

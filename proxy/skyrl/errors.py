@@ -13,8 +13,9 @@ class SidecarError(RuntimeError):
     """A call to the sidecar (or through it, to vLLM) failed; ``str()`` says why in one line.
 
     ``envelope`` is the parsed error body (``{"error": {...}}``) when there was one, ``status`` the
-    HTTP status when an answer came back (``None`` when the sidecar could not be reached).
-    A ``RuntimeError`` so that code catching SkyRL's own control-plane failures catches it too.
+    HTTP status when an answer came back (``None`` when the sidecar could not be reached),
+    ``retry_after`` the seconds its ``Retry-After`` header asked for. A ``RuntimeError`` so that
+    code catching SkyRL's own control-plane failures catches it too.
     """
 
     def __init__(
@@ -27,6 +28,7 @@ class SidecarError(RuntimeError):
         status: int | None = None,
         request_id: str | None = None,
         envelope: Mapping[str, Any] | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -36,12 +38,18 @@ class SidecarError(RuntimeError):
         self.status = status
         self.request_id = request_id
         self.envelope = envelope
+        self.retry_after = retry_after
 
     @property
     def error(self) -> Mapping[str, Any]:
         """The envelope's ``error`` object, or an empty mapping."""
         error = self.envelope.get("error") if self.envelope else None
         return error if isinstance(error, Mapping) else {}
+
+    @property
+    def retryable(self) -> bool:
+        """The envelope says the same request may succeed later (a phase, an overload)."""
+        return self.error.get("retryable") is True
 
     @property
     def served(self) -> list[str]:
@@ -82,11 +90,23 @@ class SidecarError(RuntimeError):
             line += f" [request id {self.request_id}]"
         return " ".join(line.split())
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Ray ships a worker's exception to the driver by pickle; the default would call
+        # __init__ with the message alone and fail on the keyword-only fields.
+        return (_restore, (type(self), self.message, dict(self.__dict__)))
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(reason={self.reason!r}, status={self.status!r}, "
             f"url={self.url!r}, request_id={self.request_id!r}, message={self.message!r})"
         )
+
+
+def _restore(cls: type[SidecarError], message: str, state: dict[str, Any]) -> SidecarError:
+    error = cls.__new__(cls)
+    RuntimeError.__init__(error, message)
+    error.__dict__.update(state)
+    return error
 
 
 def clip(text: str) -> str:

@@ -95,7 +95,7 @@ def manifest_env() -> dict[str, str]:
     """The sidecar container's environment as the Kubernetes Deployment sets it."""
     deployment = next(d for d in kustomize_build(KUBERNETES) if d["kind"] == "Deployment")
     sidecar = deployment["spec"]["template"]["spec"]["initContainers"][0]
-    return {item["name"]: item["value"] for item in sidecar["env"]}
+    return {item["name"]: item["value"] for item in sidecar["env"] if "value" in item}
 
 
 def spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> Process:

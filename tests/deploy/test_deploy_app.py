@@ -77,6 +77,12 @@ def test_every_metric_in_the_dashboard_and_alerts_is_exported(stack: Stack) -> N
         "vllm_sidecar_in_flight_requests",
         "vllm_sidecar_client_disconnects_total",
         "vllm_sidecar_upstream_up",
+        "vllm_sidecar_engine_phase",
+        "vllm_sidecar_weight_version_info",
+        "vllm_sidecar_weight_updates_total",
+        "vllm_sidecar_phase_requests_total",
+        "vllm_sidecar_held_requests",
+        "vllm_sidecar_engine_phase_duration_seconds_bucket",
     ):
         assert name in on_dashboard, name
 
@@ -122,7 +128,7 @@ def as_settings(env: dict[str, str]) -> Settings:
 def test_probes_name_admin_endpoints_the_running_sidecar_serves(stack: Stack) -> None:
     sidecar = _sidecar_container()
     ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
-    settings = as_settings({e["name"]: e["value"] for e in sidecar["env"]})
+    settings = as_settings({e["name"]: e["value"] for e in sidecar["env"] if "value" in e})
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         action = sidecar[probe]["httpGet"]
         # The probe's port is the admin port the sidecar's own settings give it.
@@ -135,7 +141,7 @@ def test_probes_name_admin_endpoints_the_running_sidecar_serves(stack: Stack) ->
 def test_manifest_and_compose_environment_are_valid_settings() -> None:
     compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
     sources = {
-        "deployment": {e["name"]: e["value"] for e in _sidecar_container()["env"]},
+        "deployment": {e["name"]: e["value"] for e in _sidecar_container()["env"] if "value" in e},
         "compose": compose["services"]["sidecar"]["environment"],
     }
     for source, env in sources.items():

@@ -218,14 +218,19 @@ def test_sidecar_is_a_native_sidecar_in_front_of_vllm() -> None:
     assert sidecar["startupProbe"]["httpGet"]["path"] == "/livez"
     assert sidecar["livenessProbe"]["httpGet"]["path"] == "/livez"
     assert sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    settings = Settings(
-        **{e["name"].removeprefix("VLLM_SIDECAR_").lower(): e["value"] for e in sidecar["env"]}
-    )
+    plain = {e["name"]: e["value"] for e in sidecar["env"] if "value" in e}
+    settings = Settings(**{k.removeprefix("VLLM_SIDECAR_").lower(): v for k, v in plain.items()})
     vllm_port = spec["containers"][0]["ports"][0]["containerPort"]
     assert settings.upstream_url == f"http://127.0.0.1:{vllm_port}"
-    # In-flight requests get vLLM's preStop and then the sidecar's grace, inside the pod's.
-    pre_stop = int(spec["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][-1])
-    assert pre_stop + settings.shutdown_grace < spec["terminationGracePeriodSeconds"]
+    # vLLM's preStop drains through the sidecar (tests/test_drain.py runs it): its delay and
+    # the sidecar's grace, then vLLM's own shutdown, all inside the pod's grace period.
+    script = spec["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][-1]
+    assert "/drain" in script
+    assert f":{settings.admin_port}" in script
+    found = re.search(r'"SIDECAR_DRAIN_DELAY", "([\d.]+)"', script)
+    assert found is not None
+    delay = float(found.group(1))
+    assert delay + settings.shutdown_grace + 10 < spec["terminationGracePeriodSeconds"]
     security = sidecar["securityContext"]
     assert security["runAsNonRoot"] is True
     assert security["readOnlyRootFilesystem"] is True
@@ -237,6 +242,18 @@ def test_sidecar_is_a_native_sidecar_in_front_of_vllm() -> None:
     assert resources["requests"]["memory"]
     assert resources["limits"]["memory"]
     assert "cpu" not in resources["limits"]
+
+
+def test_the_control_token_comes_from_a_secret_in_kubernetes_and_the_environment_in_compose() -> (
+    None
+):
+    [sidecar] = _objects()["Deployment"]["spec"]["template"]["spec"]["initContainers"]
+    [token] = [e for e in sidecar["env"] if e["name"] == "VLLM_SIDECAR_CONTROL_TOKEN"]
+    assert "value" not in token, "a token in the manifest would be a token in git"
+    assert token["valueFrom"]["secretKeyRef"]["name"] == "vllm-sidecar-control"
+    assert token["valueFrom"]["secretKeyRef"]["key"] == "token"
+    environment = load_yaml(COMPOSE)["services"]["sidecar"]["environment"]
+    assert environment["VLLM_SIDECAR_CONTROL_TOKEN"] == "${VLLM_SIDECAR_CONTROL_TOKEN:-}"
 
 
 def test_service_and_podmonitor_name_ports_the_containers_declare() -> None:
@@ -321,6 +338,10 @@ def test_dashboard_panels_do_not_overlap() -> None:
         ("model resolutions by rule", r"sum by \(rule\) \(rate\(vllm_sidecar_model_resolutions"),
         ("upstream up", r"vllm_sidecar_upstream_up"),
         ("in-stream failures", r'reason="upstream_stream_error"'),
+        ("engine phase", r"max by \(instance, phase\) \(vllm_sidecar_engine_phase"),
+        ("weight version", r"by \(instance, version\) \(vllm_sidecar_weight_version_info"),
+        ("phase holds", r"sum by \(phase, outcome\) \(rate\(vllm_sidecar_phase_requests_total"),
+        ("phase durations", r"histogram_quantile\(.*engine_phase_duration_seconds_bucket"),
     ],
 )
 def test_dashboard_has_the_panel_for(what: str, pattern: str) -> None:
@@ -335,6 +356,7 @@ def test_alert_rules_say_who_and_why() -> None:
         "VllmSidecarFailureRatioHigh",
         "VllmSidecarModelResolutionFailures",
         "VllmSidecarInStreamFailures",
+        "VllmSidecarEngineNotServing",
     }
     for rule in rules:
         assert rule["labels"]["severity"] in {"critical", "warning"}, rule["alert"]

@@ -40,7 +40,10 @@ class VllmServer(ManagedProcess):
         served_model_name: str,
         max_model_len: int = 512,
         port: int | None = None,
+        extra_args: tuple[str, ...] = (),
+        extra_env: dict[str, str] | None = None,
     ) -> None:
+        self.extra_args, self.extra_env = extra_args, extra_env or {}
         self.model_dir = model_dir
         self.run_dir = run_dir
         self.port = port or free_port()
@@ -75,6 +78,7 @@ class VllmServer(ManagedProcess):
             VLLM_CPU_KVCACHE_SPACE="1",
             PYTHONUNBUFFERED="1",
         )
+        env.update(self.extra_env)
         return env
 
     def start(self) -> None:
@@ -94,6 +98,7 @@ class VllmServer(ManagedProcess):
             "127.0.0.1",
             "--port",
             str(self.port),
+            *self.extra_args,
         ]
         self.starts += 1
         with self.log_path.open("a") as log:

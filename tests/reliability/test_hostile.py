@@ -374,5 +374,13 @@ async def test_asterisk_and_authority_forms_are_not_forwarded(
     reply = await raw_http(
         sidecar.client, request_line + b"\r\nHost: evil.example\r\nConnection: close\r\n\r\n"
     )
-    assert status_of(reply) == 404  # aiohttp's router: no route matches a target without "/"
+    # No route matches a target without "/"; it still gets an envelope and is counted.
+    assert status_of(reply) == 400
+    assert b"X-Sidecar-Error: invalid_request" in reply
+    assert b'"reason":"invalid_request"' in reply
     assert [r for r in fake.requests[before:] if r.raw_path != "/health"] == []
+    method = "OPTIONS" if request_line.startswith(b"OPTIONS") else "other"
+    assert (
+        sidecar.metric("vllm_sidecar_requests_total", route="other", method=method, status="400")
+        == 1
+    )

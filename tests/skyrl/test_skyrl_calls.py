@@ -83,6 +83,13 @@ def engine(url: str, tokenizer: Any, cls: type[Any] = SidecarInferenceEngine) ->
     return cls(url=url, model_name=HF_PATH, engine_backend="vllm", tokenizer=tokenizer)
 
 
+# The parent's request and ours, where they differ on purpose.
+QUERY_NOT_BODY = {
+    "sleep": (("/sleep", {"level": 2}), ("/sleep?level=2", None)),
+    "wake_up": (("/wake_up", {"tags": ["weights"]}), ("/wake_up?tags=weights", None)),
+}
+
+
 def ok() -> Any:
     """What SkyRL's own vLLM server answers on its control routes."""
     return respond(200, json.dumps({"status": "ok"}))
@@ -115,6 +122,9 @@ async def test_every_call_sends_the_parents_request_and_returns_what_the_parent_
     if name == "teardown":
         # Deliberate: the parent posts no body, which SkyRL's server cannot parse.
         assert (stock, ours) == (("/destroy_weights_update_group", None), (stock[0], {}))
+    elif name in QUERY_NOT_BODY:
+        # Deliberate: vLLM 0.32 reads these from the query and ignores the parent's body.
+        assert (stock, ours) == QUERY_NOT_BODY[name]
     else:
         assert ours == stock
     if isinstance(result, dict):
@@ -190,3 +200,22 @@ async def test_every_call_raises_when_the_sidecar_cannot_be_reached(
     assert err.url == f"http://{url}{route.split(' ')[1]}"
     assert str(err).startswith(f"POST http://{url}")
     assert "cannot connect to the sidecar" in str(err)
+
+
+async def test_the_control_token_goes_with_control_calls_only(
+    fake: FakeVLLM, sidecar: Sidecar, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_SIDECAR_CONTROL_TOKEN", "from-env")
+    ours = engine(hostport(sidecar.client), tokenizer)
+    await CALLS["generate"][1](ours)
+    await ours.pause_generation()
+    await ours.sleep(level=1)
+    await CALLS["init_weight_update_communicator"][1](ours)
+    auth = {r.raw_path.split("?")[0]: r.headers.get("Authorization") for r in fake.requests}
+    assert auth["/v1/completions"] is None
+    assert auth["/pause"] == auth["/sleep"] == "Bearer from-env"
+    assert auth["/init_weight_update_communicator"] == "Bearer from-env"
+    given = SidecarInferenceEngine(
+        url="h:1", model_name="m", engine_backend="vllm", tokenizer=tokenizer, control_token="t"
+    )
+    assert given.control_token == "t"

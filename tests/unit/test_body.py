@@ -8,8 +8,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.body import find_model, replace_model
-from proxy.errors import InvalidJSON, InvalidRequest
+from proxy.body import (
+    MAX_MODEL_CHARS,
+    MAX_SLICES,
+    TooComplex,
+    find_model,
+    replace_model,
+    scan_model,
+    step,
+)
+from proxy.errors import InvalidJSON, InvalidModel, InvalidRequest
+from proxy.jsonskip import WINDOW
 
 
 def test_model_first_with_token_ids() -> None:
@@ -92,7 +101,11 @@ def test_non_utf8_model_value() -> None:
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
     max_leaves=20,
 )
@@ -123,3 +136,64 @@ def test_rewrite_changes_only_the_model(
     assert json.loads(out) == {**doc, "model": new}
     assert out[: field.start] == body[: field.start]
     assert out[len(out) - (len(body) - field.end) :] == body[field.end :]
+
+
+# -- hostile bodies: bounded work, nothing stepped around ------------------------------------
+
+
+def test_second_model_key_spelt_with_escapes_is_refused() -> None:
+    # `"mod\u0065l"` is `model` to every JSON reader: which one vLLM honours is undefined.
+    for key in (b'"mod\\u0065l"', b'"\\u006D\\u006F\\u0064\\u0065\\u006C"'):
+        with pytest.raises(InvalidRequest, match="2 top-level `model` keys"):
+            find_model(b'{"model": "a", "prompt": [1, 2], ' + key + b': "b"}')
+
+
+@pytest.mark.parametrize("shift", range(-4, 5))
+def test_window_edges_cut_nothing(shift: int) -> None:
+    """Strings, escapes, whitespace and a second key straddling WINDOW are read whole."""
+    # The string's body starts at byte 11, so its window ends at WINDOW + 11: shift 0 puts
+    # the backslash of `\"` on the window's last byte.
+    escape_at_edge = b'{"prompt":"' + b"a" * (WINDOW - 1 + shift) + b'\\"b\\\\","model":"m"}'
+    assert (field := find_model(escape_at_edge)) is not None
+    assert field.value == "m"
+    spaces = b'{"prompt":1' + b" " * (WINDOW + shift) + b',"model":"m"}'
+    assert (field := find_model(spaces)) is not None
+    assert field.value == "m"
+    # The search for a second key starts at byte 12 (after `"m"`); these keys cross WINDOW + 12.
+    ids = b'{"model":"m","prompt":[' + b"1," * (WINDOW // 2 - 9 + shift) + b'1],"model":"n"}'
+    with pytest.raises(InvalidRequest):
+        find_model(ids)
+    escaped_key = b'{"model":"m","p":"' + b"a" * (WINDOW - 13 + shift) + b'","mod\\u0065l":"n"}'
+    with pytest.raises(InvalidRequest):
+        find_model(escaped_key)
+
+
+def test_model_name_longer_than_any_served_one_is_refused() -> None:
+    assert (field := find_model(b'{"model": "' + b"a" * MAX_MODEL_CHARS + b'"}')) is not None
+    assert field.value == "a" * MAX_MODEL_CHARS
+    for value in (b"a" * (MAX_MODEL_CHARS + 1), b"\\u0061" * (MAX_MODEL_CHARS + 1), b"a" * 10**7):
+        with pytest.raises(InvalidModel, match="characters long"):
+            find_model(b'{"model": "' + value + b'"}')
+
+
+def test_a_scan_past_its_slices_stops_and_keeps_a_model_it_found() -> None:
+    hostile = b'{"p":' + b"[" * 5000 + b"]" * 5000 + b',"model":"m"}'
+    scan = scan_model(hostile)
+    assert step(scan, 0) == (False, None)
+    with pytest.raises(TooComplex):
+        step(scan, MAX_SLICES)
+    # Found first, then the search for a second one runs out: vLLM's to judge, as streamed.
+    scan = scan_model(b'{"model":"m","p":' + b"[" * 5000 + b"]" * 5000 + b',"model":"n"}')
+    assert step(scan, 0) == (False, None)
+    done, field = step(scan, MAX_SLICES)
+    assert done
+    assert field is not None
+    assert field.value == "m"
+
+
+@pytest.mark.parametrize("key", [b'"model"', b'"mod\\u0065l"'])
+def test_second_key_after_thousands_of_strings_is_found(key: bytes) -> None:
+    # Past a few thousand quotes the search for a second key changes strategy; it still finds it.
+    strings = b",".join(b'"s%d"' % i for i in range(10_000))
+    with pytest.raises(InvalidRequest):
+        find_model(b'{"model":"m","p":[' + strings + b"]," + key + b':"n"}')

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from multidict import CIMultiDict
 
 from proxy.headers import request_id, response_headers, upstream_request_headers
@@ -85,3 +86,38 @@ def test_request_id_kept_or_made() -> None:
     assert len(made) == 32
     assert made != request_id(CIMultiDict())
     assert request_id(CIMultiDict({"X-Request-Id": "x" * 500})) != "x" * 500
+
+
+def test_client_x_real_ip_is_replaced_and_forwarded_gets_our_element() -> None:
+    out = upstream_request_headers(
+        CIMultiDict(
+            [("X-Real-IP", "6.6.6.6"), ("Forwarded", "for=6.6.6.6"), ("X-Real-Ip", "7.7.7.7")]
+        ),
+        rid="r",
+        client_ip="::1",
+        scheme="http",
+        host="sidecar:8080",
+    )
+    assert out.getall("X-Real-IP") == ["::1"]
+    assert out.getall("Forwarded") == ['for=6.6.6.6, for="[::1]";proto=http;host="sidecar:8080"']
+
+
+def test_x_real_ip_is_not_invented_without_a_peer() -> None:
+    out = upstream_request_headers(
+        CIMultiDict({"X-Real-IP": "6.6.6.6"}), rid="r", client_ip=None, scheme="https", host=None
+    )
+    assert "X-Real-IP" not in out
+    assert out["Forwarded"] == "for=unknown;proto=https"
+
+
+@pytest.mark.parametrize("given", ["a b", "a\tb", 'a"b', "a\\b", "é", "x" * 201, ""])
+def test_request_id_that_is_not_a_token_is_replaced(given: str) -> None:
+    # It is logged, handed to vLLM and returned: spaces would forge log fields.
+    rid = request_id(CIMultiDict({"X-Request-Id": given}))
+    assert rid != given
+    assert len(rid) == 32
+
+
+@pytest.mark.parametrize("given", ["5f0c-9a", "req_01HV:trace/span+1=", "x" * 200, "[a]~!#$%&*"])
+def test_request_id_tokens_pass(given: str) -> None:
+    assert request_id(CIMultiDict({"X-Request-Id": given})) == given

@@ -10,7 +10,15 @@ import subprocess
 import sys
 import time
 
-from proxy.logs import BufferedStreamHandler, JSONFormatter, TextFormatter
+import pytest
+
+from proxy.logs import (
+    FIELD_CHARS,
+    BufferedStreamHandler,
+    JSONFormatter,
+    TextFormatter,
+    text_field,
+)
 
 
 class CountingStream(io.StringIO):
@@ -52,7 +60,6 @@ def test_json_lines_carry_the_request_fields() -> None:
     assert out["ts"].endswith("Z")
 
 
-
 WRITER = """
 import logging, sys
 from proxy.logs import BufferedStreamHandler, WholeLines
@@ -70,9 +77,7 @@ def test_workers_sharing_one_pipe_never_cut_each_others_lines() -> None:
     # Two processes write their buffered log lines into one pipe, as N workers do into a
     # container's stdout: every line that comes out must be one process's, whole.
     read, write = os.pipe()
-    writers = [
-        subprocess.Popen([sys.executable, "-c", WRITER, tag], stdout=write) for tag in "abc"
-    ]
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, tag], stdout=write) for tag in "abc"]
     os.close(write)
     with os.fdopen(read, "rb") as pipe:
         lines = pipe.read().decode().splitlines()
@@ -96,3 +101,25 @@ def test_text_and_json_timestamps_match_loggings_own_at_every_second() -> None:
         assert text.format(rec) == plain.format(rec)
         expected = iso.formatTime(rec, "%Y-%m-%dT%H:%M:%S") + f".{int(rec.msecs):03d}Z"
         assert json.loads(js.format(rec))["ts"] == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "logged"),
+    [
+        ("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B"),
+        ("a b", '"a b"'),
+        ("a\nb", '"a\\nb"'),
+        ("a\r\tb", '"a\\r\\tb"'),
+        ('a"b\\c', '"a\\"b\\\\c"'),
+        ("a\u2028b\x85c\x00", '"a\\u2028b\\x85c\\x00"'),
+        ("\udcff", '"\\udcff"'),  # a non-UTF-8 byte as aiohttp decodes it
+        ("", '""'),
+        ("日本語", "日本語"),
+    ],
+)
+def test_text_fields_cannot_start_a_line_or_a_field(value: str, logged: str) -> None:
+    assert text_field(value) == logged
+
+
+def test_long_fields_are_capped() -> None:
+    assert text_field("x" * 10_000) == "x" * FIELD_CHARS + "…"

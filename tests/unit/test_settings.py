@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -132,5 +133,40 @@ def test_help_lists_every_setting() -> None:
         "--max-connections",
         "--shutdown-grace",
         "--log-format",
+        "--phase-hold-timeout",
+        "--phase-hold-queue",
+        "--control-token",
+        "--control-token-file",
     ):
         assert flag in out
+
+
+def test_lifecycle_defaults_and_the_control_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = load([])
+    assert (s.phase_hold_timeout, s.phase_hold_queue) == (30, 1024)
+    assert s.control_secret() is None
+    assert load(["--phase-hold-timeout", "0"]).phase_hold_timeout == 0
+    monkeypatch.setenv("VLLM_SIDECAR_CONTROL_TOKEN", "from-env")
+    token = load([])
+    assert token.control_secret() == b"from-env"
+    assert "from-env" not in repr(token)  # a secret stays out of logs and tracebacks
+    monkeypatch.delenv("VLLM_SIDECAR_CONTROL_TOKEN")
+    path = tmp_path / "token"
+    path.write_text("from-file\n")
+    assert load(["--control-token-file", str(path)]).control_secret() == b"from-file"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--control-token", "a", "--control-token-file", "/etc/hostname"], "not both"),
+        (["--control-token-file", "/no/such/file"], "cannot read --control-token-file"),
+        (["--phase-hold-timeout", "-1"], "--phase-hold-timeout"),
+    ],
+)
+def test_bad_lifecycle_settings_exit_2(args: list[str], says: str) -> None:
+    proc = _cli(*args)
+    assert proc.returncode == 2
+    assert says in proc.stderr.strip().splitlines()[-1], proc.stderr

@@ -1,0 +1,70 @@
+"""Keeping the sidecar's phase true to vLLM's: calls made around it, restarts, the version."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import aiohttp
+from yarl import URL
+
+from .engine_probe import Probe, ProbeFailed
+from .lifecycle import Lifecycle
+from .phase import reconciled
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+async def reconcile_once(lifecycle: Lifecycle, probe: Probe, *, restarted: bool) -> bool | None:
+    """Ask vLLM once: False when it could not be asked, None when it has none of the routes (no
+    dev mode). A relayed control call in flight, or one answered while the probe was out, wins
+    over what the probe read."""
+    epoch = lifecycle.epoch
+    try:
+        busy, version = await asyncio.gather(probe.busy(), probe.weight_version())
+    except ProbeFailed as exc:
+        log.debug("engine state unknown: %s", exc)
+        return False
+    if busy is not None and lifecycle.calls == 0 and lifecycle.epoch == epoch:
+        now = reconciled(lifecycle.engine, busy=busy, restarted=restarted)
+        if now.phase != lifecycle.phase:
+            log.warning(
+                "engine is %s by vLLM's own flags, not %s: a call made around the sidecar?",
+                now.phase,
+                lifecycle.phase,
+            )
+        lifecycle.set(now, "reconciled with vLLM")
+    if lifecycle.calls == 0 and lifecycle.epoch == epoch:
+        lifecycle.set_version(version)
+    return None if busy is None and version is None else True
+
+
+async def _loop(lifecycle: Lifecycle, probe: Probe, interval: float, idle: float) -> None:
+    reached: bool | None = True
+    while True:
+        # After an unreachable spell vLLM may have restarted: no sync survives that.
+        reached = await reconcile_once(lifecycle, probe, restarted=reached is False)
+        # Without dev mode every probe is a 404 in vLLM's log: ask again only now and then.
+        await asyncio.sleep(idle if reached is None else interval)
+
+
+@contextlib.asynccontextmanager
+async def reconciling(
+    lifecycle: Lifecycle, session: aiohttp.ClientSession, base: URL, settings: Settings
+) -> AsyncIterator[None]:
+    """Probe vLLM every --health-interval (every --discovery-interval while it has no dev-mode
+    routes) for as long as the context is open."""
+    interval = settings.health_interval
+    idle = max(settings.discovery_interval, interval)
+    lifecycle.probe = Probe(session, base, timeout=max(min(interval, 5.0), 1.0))
+    task = asyncio.create_task(_loop(lifecycle, lifecycle.probe, interval, idle))
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        lifecycle.probe = None
+        lifecycle.stalls.stop()

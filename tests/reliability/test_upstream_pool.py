@@ -1,0 +1,125 @@
+"""The upstream pool: an answer is only ever paired with its own request, and waits are bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from tests.conftest import MakeSidecar, StartSidecar
+from tests.fake_vllm import FakeVLLM, hang
+from tests.support import eventually
+from tests.test_failures import COMPLETION, assert_envelope, failures
+
+MiB = 1 << 20
+
+
+def _answer(body: bytes) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    return head % len(body) + body
+
+
+class PushyUpstream:
+    """A raw HTTP/1.1 server that, after answering, writes one more response nobody asked for.
+
+    It echoes each request's X-Request-Id, so a client can tell whose answer it got.
+    """
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.server: asyncio.Server | None = None
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                fields = dict(
+                    line.split(b": ", 1) for line in head.split(b"\r\n")[1:] if b": " in line
+                )
+                await reader.readexactly(int(fields.get(b"Content-Length", b"0")))
+                rid = fields.get(b"X-Request-Id", b"none").decode()
+                writer.write(_answer(json.dumps({"request_id": rid}).encode()))
+                await asyncio.sleep(0.05)  # idle in the pool by now
+                writer.write(_answer(b'{"request_id": "unsolicited"}'))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+
+@pytest.fixture
+async def pushy() -> AsyncIterator[PushyUpstream]:
+    upstream = PushyUpstream()
+    upstream.server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
+    async with upstream.server:
+        yield upstream
+
+
+async def test_unsolicited_bytes_on_an_idle_connection_never_reach_a_client(
+    make_sidecar: MakeSidecar, pushy: PushyUpstream
+) -> None:
+    sidecar = await make_sidecar(
+        pushy.url, ready=False, served_model_names=["tiny-model"], health_interval=3600
+    )
+    await asyncio.sleep(0.2)  # the first health check's connection is idle, and pushed to
+    for i in range(4):
+        resp = await sidecar.client.post(
+            "/v1/completions", json=COMPLETION, headers={"X-Request-Id": f"client-{i}"}
+        )
+        assert resp.status == 200, await resp.text()
+        assert await resp.json() == {"request_id": f"client-{i}"}
+        await asyncio.sleep(0.2)  # the unsolicited answer lands on the idle pooled connection
+    # Each connection that received bytes while idle was closed, never handed out again.
+    assert pushy.connections >= 4
+
+
+async def test_wait_for_a_pooled_connection_is_bounded(
+    upstream: TestServer, fake: FakeVLLM, make_sidecar: MakeSidecar
+) -> None:
+    sidecar = await make_sidecar(
+        str(upstream.make_url("")),
+        max_connections=1,
+        pool_timeout=0.5,
+        connect_timeout=0.5,
+        health_interval=3600,
+    )
+    fake.script("POST /v1/completions", hang())
+    holder = asyncio.create_task(sidecar.client.post("/v1/completions", json=COMPLETION))
+    await eventually(lambda: any(r.raw_path == "/v1/completions" for r in fake.requests))
+    resp = await asyncio.wait_for(sidecar.client.post("/v1/chat/completions", json=COMPLETION), 10)
+    err = await assert_envelope(resp, 503, "upstream_pool_exhausted")
+    assert err["retryable"] is True
+    assert failures(sidecar, "upstream_pool_exhausted", "503", route="/v1/chat/completions") == 1
+    holder.cancel()
+
+
+async def test_stalled_body_does_not_hold_the_pool(
+    upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
+) -> None:
+    """A client that stops half way through a streamed body lets its pooled connection go."""
+    _, url = await start_sidecar(
+        str(upstream.make_url("")),
+        "--max-connections", "1", "--client-body-timeout", "0.5", "--health-interval", "3600",
+    )  # fmt: skip
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    body = b'{"model": "tiny-model", "prompt": "' + b"x" * (2 * MiB) + b'"}'
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    writer.write(head + b"Content-Length: %d\r\n\r\n" % len(body) + body[: MiB + 100])
+    await writer.drain()
+    await asyncio.sleep(0.2)  # its head is on its way upstream, holding the one connection
+    async with aiohttp.ClientSession() as session:
+        resp = await asyncio.wait_for(session.get(f"{url}/v1/models"), 10)
+        assert resp.status == 200, await resp.text()
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()

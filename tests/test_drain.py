@@ -1,0 +1,106 @@
+"""The drain, against the real `vllm-sidecar` process: what SIGTERM and the pod's preStop do."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import yaml
+from aiohttp.test_utils import TestServer
+
+from tests.conftest import StartSidecar
+from tests.fake_vllm import FakeVLLM, hang, respond, slow, sse_forever
+from tests.reliability.test_client_faults import admin_of
+from tests.test_lifecycle import read_events
+
+COMPLETION = {"model": "tiny-model", "prompt": "x"}
+DEPLOYMENT = Path(__file__).parent.parent / "deploy" / "kubernetes" / "deployment.yaml"
+
+
+async def test_keep_alive_connections_take_no_new_request_after_sigterm(
+    upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
+) -> None:
+    proc, url = await start_sidecar(str(upstream.make_url("")), "--shutdown-grace", "10")
+    fake.script("POST /v1/completions", sse_forever(delay=0.1))  # keeps the drain going
+    fake.script("POST /v1/chat/completions", slow(1.0, respond(200, b"{}")))
+    host, port = url.removeprefix("http://").split(":")
+    idle_reader, idle_writer = await asyncio.open_connection(host, int(port))
+    async with aiohttp.ClientSession() as session:
+        stream = await session.post(f"{url}/v1/completions", json={**COMPLETION, "stream": True})
+        await stream.content.readuntil(b"\n\n")
+        busy = asyncio.create_task(session.post(f"{url}/v1/chat/completions", json=COMPLETION))
+        await asyncio.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        # An idle kept-alive connection is closed at once, not at the end of the grace.
+        assert await asyncio.wait_for(idle_reader.read(), 3) == b""
+        # A busy one gets its answer, which closes it.
+        resp = await asyncio.wait_for(busy, 10)
+        assert resp.status == 200
+        assert resp.headers["Connection"].lower() == "close"
+        stream.close()
+    idle_writer.close()
+    assert await asyncio.to_thread(proc.wait, 10) == 0
+
+
+async def test_request_still_running_at_the_deadline_gets_the_503_envelope(
+    upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
+) -> None:
+    proc, url = await start_sidecar(str(upstream.make_url("")), "--shutdown-grace", "0.5")
+    fake.script("POST /v1/completions", hang())
+    async with aiohttp.ClientSession() as session:
+        request = asyncio.create_task(session.post(f"{url}/v1/completions", json=COMPLETION))
+        await asyncio.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        resp = await asyncio.wait_for(request, 10)
+        body = await resp.json()
+    assert resp.status == 503, body
+    assert (body["error"]["reason"], body["error"]["code"]) == ("shutting_down", 503)
+    assert resp.headers["X-Sidecar-Error"] == "shutting_down"
+    assert await asyncio.to_thread(proc.wait, 10) == 0
+    assert fake.cancelled == ["/v1/completions"]  # vLLM aborts the generation
+
+
+def _pre_stop() -> list[str]:
+    """The vLLM container's preStop command, as the pod runs it."""
+    deployment = yaml.safe_load(DEPLOYMENT.read_text())
+    [vllm] = deployment["spec"]["template"]["spec"]["containers"]
+    command: list[str] = vllm["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "python3"
+    return [sys.executable, *command[1:]]
+
+
+async def test_pre_stop_drains_through_the_sidecar_before_vllm_stops(
+    upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
+) -> None:
+    proc, url = await start_sidecar(str(upstream.make_url("")), "--shutdown-grace", "20")
+    fake.stream_events, fake.stream_delay = 10, 0.2  # a 2 s stream, started before the preStop
+    env = {**os.environ, "SIDECAR_DRAIN_DELAY": "0", "SIDECAR_ADMIN_URL": admin_of(proc)}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            f"{url}/v1/completions", json={**COMPLETION, "stream": True}
+        ) as stream:
+            await stream.content.readuntil(b"\n\n")
+            hook = await asyncio.create_subprocess_exec(
+                *_pre_stop(), env=env, stdout=subprocess.PIPE
+            )
+            await asyncio.sleep(0.3)
+            async with session.get(f"{admin_of(proc)}/readyz") as ready:
+                assert ready.status == 503  # the endpoints drop the pod
+            async with session.post(f"{url}/v1/completions", json=COMPLETION) as refused:
+                assert refused.status == 503
+            assert hook.returncode is None  # still waiting for the stream
+            events = await read_events(stream)
+        out, _ = await asyncio.wait_for(hook.communicate(), 30)
+    assert hook.returncode == 0
+    assert json.loads(out) == {"draining": True, "in_flight": 0}
+    assert events[-1] == "data: [DONE]"
+    assert len(events) == 10
+    assert not any('"error"' in e for e in events)
+    proc.send_signal(signal.SIGTERM)  # after vLLM exits: nothing left to drain
+    assert await asyncio.to_thread(proc.wait, 10) == 0
