@@ -13,6 +13,7 @@ vLLM's flags and reading the weight version run once, in the supervisor.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -103,11 +104,24 @@ class Follower(Lifecycle):
         return reply
 
     async def enter(self, path: str) -> Call:
-        reply = await self._step({"step": "enter", "path": path})
+        asking = asyncio.ensure_future(self._step({"step": "enter", "path": path}))
+        try:
+            reply = await asyncio.shield(asking)
+        except asyncio.CancelledError:
+            # The caller left before the call was forwarded: once the pod entered the phase,
+            # take it back, as for a call vLLM never got.
+            asking.add_done_callback(lambda _: self._unsent(asking, path))
+            raise
         if reply is None:  # the safe side: this worker at least enters the phase
             Lifecycle.set(self, phase.on_send(self.engine, path), f"{path} sent")
             return UNKNOWN
         return int(reply["call"])
+
+    def _unsent(self, asking: asyncio.Future[Message | None], path: str) -> None:
+        reply = None if asking.cancelled() or asking.exception() else asking.result()
+        if reply is not None:
+            step = {"step": "failed", "call": int(reply["call"]), "path": path}
+            self._channel.send({"lifecycle": step})
 
     def leave(self, call: Call) -> None:
         self._channel.send({"lifecycle": {"step": "leave", "call": call}})

@@ -5,6 +5,7 @@ port's /drain, a killed worker replaced and counted."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import os
 import signal
@@ -138,6 +139,18 @@ async def held_on_every_worker(pod: Pod, count: int) -> list[asyncio.Task[aiohtt
     return sent
 
 
+@contextlib.asynccontextmanager
+async def a_stream(
+    pod: Pod, fake: FakeVLLM, session: aiohttp.ClientSession
+) -> AsyncIterator[aiohttp.ClientResponse]:
+    """A stream of ten events, one a tenth of a second, open past its first event."""
+    fake.stream_events, fake.stream_delay = 10, 0.1
+    stream = {"model": "tiny-model", "prompt": "x", "stream": True}
+    async with session.post(pod.url + "/v1/completions", json=stream) as resp:
+        await resp.content.readuntil(b"\n\n")
+        yield resp
+
+
 def requests_in(db: str) -> float:
     """One process's own count of answered completions, from its file alone."""
     [family] = [
@@ -184,12 +197,8 @@ async def test_an_unknown_name_is_looked_up_once_for_the_whole_pod(
 
 
 async def test_sigterm_drains_every_worker(pod: Pod, fake: FakeVLLM) -> None:
-    fake.stream_events, fake.stream_delay = 10, 0.1
     async with aiohttp.ClientSession() as session:
-        async with session.post(
-            pod.url + "/v1/completions", json={"model": "tiny-model", "prompt": "x", "stream": True}
-        ) as resp:
-            await resp.content.readuntil(b"\n\n")
+        async with a_stream(pod, fake, session) as resp:
             workers = pod.workers()
             pod.proc.send_signal(signal.SIGTERM)
             await asyncio.sleep(0.3)
@@ -290,12 +299,8 @@ async def test_a_weight_update_holds_every_worker_and_one_version_is_stamped(
 
 
 async def test_admin_drain_drains_every_worker(pod: Pod, fake: FakeVLLM) -> None:
-    fake.stream_events, fake.stream_delay = 10, 0.1
     async with aiohttp.ClientSession() as session:
-        async with session.post(
-            pod.url + "/v1/completions", json={"model": "tiny-model", "prompt": "x", "stream": True}
-        ) as resp:
-            await resp.content.readuntil(b"\n\n")
+        async with a_stream(pod, fake, session) as resp:
             drain = asyncio.create_task(session.post(pod.admin + "/drain"))
             await asyncio.sleep(0.3)
             assert not drain.done()  # it answers once the stream has ended
