@@ -25,8 +25,11 @@ ENV PATH=/opt/vllm-sidecar/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     VLLM_SIDECAR_HOST=0.0.0.0 \
     VLLM_SIDECAR_PORT=8080 \
-    VLLM_SIDECAR_ADMIN_PORT=8081
+    VLLM_SIDECAR_ADMIN_PORT=8081 \
+    VLLM_SIDECAR_WORKERS=1
 # 8080: the proxy (clients and SkyRL); 8081: admin (/metrics, /livez, /readyz, /models).
+# VLLM_SIDECAR_WORKERS: processes on the proxy port (0: one per CPU of the container's limit);
+# above 1 they need a writable /tmp (docker run --tmpfs /tmp with --read-only).
 EXPOSE 8080 8081
 # The slim base has no curl: Python's urllib is enough. /livez never depends on vLLM, so a slow
 # or restarting vLLM does not make Docker restart the sidecar.

@@ -13,6 +13,7 @@ from procs import http
 
 BENCH = Path(__file__).resolve().parent
 SSE_EVENTS = 20
+LONG_SSE_EVENTS = 500
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,9 @@ class Scenario:
     body: str  # "small" or "ids8mb"
     stream: bool
     connections: int
+    # SSE events per answer. More than the fake upstream's usual 20 are asked for as vLLM
+    # would be: `max_tokens` with `ignore_eos`, so every proxy passes the request on unchanged.
+    events: int = SSE_EVENTS
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -32,11 +36,22 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("sse-c1", f"SSE ({SSE_EVENTS} events), 1 connection", "small", True, 1),
         Scenario("sse-c64", f"SSE ({SSE_EVENTS} events), 64 connections", "small", True, 64),
         Scenario("ids8mb-c1", "8 MB token-id prompt, 1 connection", "ids8mb", False, 1),
+        # The cost of one relayed event: against sse-c64, the same requests with 25x the events.
+        Scenario(
+            "sse500-c64",
+            f"SSE ({LONG_SSE_EVENTS} events), 64 connections",
+            "small",
+            True,
+            64,
+            LONG_SSE_EVENTS,
+        ),
     )
 }
 
 
-def make_body(kind: str, model: str, stream: bool, big_bytes: int) -> bytes:
+def make_body(
+    kind: str, model: str, stream: bool, big_bytes: int, events: int = SSE_EVENTS
+) -> bytes:
     """A SkyRL-like /v1/completions body: `model` first, a token-id prompt, sampling params."""
     rng = random.Random(0)
     ids: list[int] = []
@@ -55,6 +70,8 @@ def make_body(kind: str, model: str, stream: bool, big_bytes: int) -> bytes:
         "stream": stream,
         "return_token_ids": True,
     }
+    if events != SSE_EVENTS:
+        body.update(max_tokens=events, ignore_eos=True)
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -62,7 +79,7 @@ class CheckFailed(Exception):
     """A target answered a pre-flight request wrongly: it is not timed."""
 
 
-def check(url: str, body: bytes, stream: bool) -> str:
+def check(url: str, body: bytes, stream: bool, expected_events: int = SSE_EVENTS) -> str:
     """Send one request and prove it reached the upstream with the served model.
 
     The fake upstream answers 404 to any model but the served one, so a 200 here means the
@@ -76,8 +93,8 @@ def check(url: str, body: bytes, stream: bool) -> str:
         events = [e for e in data.split(b"\n\n") if e.startswith(b"data: ")]
         if not ctype.startswith("text/event-stream") or events[-1:] != [b"data: [DONE]"]:
             raise CheckFailed(f"not an SSE stream ending in [DONE]: {ctype} {data[-200:]!r}")
-        if len(events) < SSE_EVENTS + 1:
-            raise CheckFailed(f"{len(events)} SSE events, expected {SSE_EVENTS} + [DONE]")
+        if len(events) != expected_events + 1:
+            raise CheckFailed(f"{len(events)} SSE events, expected {expected_events} + [DONE]")
         return f"200, {len(events) - 1} events + [DONE]"
     payload = json.loads(data)
     if payload.get("object") != "text_completion" or not payload.get("choices"):

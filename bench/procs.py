@@ -151,12 +151,17 @@ def cpu_seconds(pid: int) -> float:
 
 
 def rss_bytes(pid: int) -> int:
-    total = 0
+    return sum(rss_each(pid))
+
+
+def rss_each(pid: int) -> list[int]:
+    """The RSS of the process and of each live descendant (a supervisor and its workers)."""
+    out = []
     for p in tree(pid):
         fields = _stat_fields(p)
         if fields:
-            total += int(fields[21]) * PAGE
-    return total
+            out.append(int(fields[21]) * PAGE)
+    return out
 
 
 def settle(pid: int, *, busy: float = 0.05, limit: float = 20.0, step: float = 0.25) -> float:

@@ -162,7 +162,7 @@ def after_stop(kind: str | None, env: Env, doc: dict[str, Any], name: str) -> No
 
 
 def soak(
-    args: argparse.Namespace, env: Env, bodies: dict[tuple[str, str, bool], Path], out: Path
+    args: argparse.Namespace, env: Env, bodies: dict[tuple[str, str, bool, int], Path], out: Path
 ) -> int:
     """The sidecar at 64 connections for args.soak seconds; RSS after each 30 s slice."""
     upstream = start_upstream(env)
@@ -171,12 +171,13 @@ def soak(
         running = start_sidecar(env)
         assert running.child is not None
         pid = running.child.pid
-        body = bodies[("small", HF_PATH, False)]
-        loads.check(running.url, body.read_bytes(), stream=False)
+        body = bodies[("small", HF_PATH, False, loads.SSE_EVENTS)]
+        url = running.url
+        loads.check(url, body.read_bytes(), stream=False)
         samples.append({"t": 0.0, "rss_mb": rss_bytes(pid) / 2**20, "requests": 0})
         t0, total = time.monotonic(), 0
         while time.monotonic() - t0 < args.soak:
-            res = loads.wrk(running.url, body, 64, min(30.0, args.soak), args.load_cpus)
+            res = loads.wrk(url, body, 64, min(30.0, args.soak), args.load_cpus)
             total += int(res["requests"])  # type: ignore[call-overload]
             sample = {"t": round(time.monotonic() - t0, 1), "rss_mb": rss_bytes(pid) / 2**20}
             samples.append({**sample, "requests": total})

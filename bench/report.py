@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import scaling
 from loads import SCENARIOS
 
 Row = dict[str, Any]
@@ -123,6 +124,14 @@ def goals(rows: list[Row], targets: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _workers_goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for name, measured, bound in scaling.goals(doc):
+        ok = None if measured is None or bound is None else measured >= bound
+        out.append({"goal": name, "measured": measured, "bound": bound, "pass": ok})
+    return out
+
+
 def _mul(value: float | None, k: float) -> float | None:
     return None if value is None else value * k
 
@@ -190,6 +199,8 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"{num(r['cpu_ms_per_1k'], 1)} | {mb(r['rss_mb'])} | {rx(s['rps'])} | "
                 f"{rx(s['added_p50'])} | {rx(s['cpu_per_1k'])} | {r['check']} |"
             )
+    lines += scaling.scaling_markdown(doc)
+    lines += scaling.per_event_markdown(doc)
     lines += ["", "## Issue 6 targets (sidecar)", "", "| goal | measured | bound | pass |"]
     lines.append("|---|---|---|---|")
     for g in doc["goals"]:
@@ -202,7 +213,9 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def write(doc: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     add_derived(doc["runs"])
-    doc["goals"] = goals(doc["runs"], doc["targets"])
+    doc["goals"] = goals(doc["runs"], doc["targets"]) + _workers_goals(doc)
+    doc["workers"] = scaling.scaling_rows(doc)
+    doc["sse_per_event"] = scaling.per_event(doc)
     json_path, md_path = out_dir / "results.json", out_dir / "results.md"
     json_path.write_text(json.dumps(doc, indent=2) + "\n")
     md_path.write_text(markdown(doc))

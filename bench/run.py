@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import loads
 import profiling
 import report
-from procs import cpu_seconds, http, rss_bytes, settle
+from procs import cpu_seconds, http, rss_bytes, rss_each, settle
+from scaling import cpu_list, scaling_targets
 from targets import (
     BENCH,
     HF_PATH,
@@ -68,6 +69,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="LABEL=FLAGS",
         help="also time the sidecar with extra flags, e.g. quiet='--log-level warning'",
     )
+    p.add_argument(
+        "--scale",
+        metavar="N,N",
+        help="also time `--workers N` for each N (e.g. 1,2), on N cores: the proxy's first,\n"
+        "then the load generator's (shared with it, and the report says so)",
+    )
     p.add_argument("--no-install", action="store_true", help="skip peers that are not installed")
     p.add_argument("--out", type=Path, help="results folder (default bench/results/<time>)")
     p.add_argument("--load-cpus", help="cores for upstream + wrk (default 0)")
@@ -103,17 +110,17 @@ def ensure_tools() -> None:
         subprocess.run(["bash", str(BENCH / "setup-system.sh")], check=True)
 
 
-def write_bodies(run_dir: Path, big_mb: float) -> dict[tuple[str, str, bool], Path]:
+def write_bodies(run_dir: Path, big_mb: float) -> dict[tuple[str, str, bool, int], Path]:
     """One body file per (kind, model, stream); the aliasing targets get the HF path."""
     files = {}
     big = int(big_mb * 1024 * 1024)
     for scen in loads.SCENARIOS.values():
         for model in (SERVED, HF_PATH):
-            key = (scen.body, model, scen.stream)
+            key = (scen.body, model, scen.stream, scen.events)
             if key not in files:
                 path = run_dir / f"body-{scen.body}-{'sse' if scen.stream else 'json'}-"
-                path = path.with_name(path.name + model.replace("/", "_") + ".json")
-                path.write_bytes(loads.make_body(scen.body, model, scen.stream, big))
+                path = path.with_name(f"{path.name}{scen.events}-{model.replace('/', '_')}.json")
+                path.write_bytes(loads.make_body(scen.body, model, scen.stream, big, scen.events))
                 files[key] = path
     return files
 
@@ -139,7 +146,7 @@ def run_cell(
 ) -> dict[str, Any]:
     row: dict[str, Any] = {"target": name, "scenario": scen.name, "status": "ok"}
     try:
-        row["check"] = loads.check(url, body.read_bytes(), scen.stream)
+        row["check"] = loads.check(url, body.read_bytes(), scen.stream, scen.events)
     except (loads.CheckFailed, OSError, ValueError) as err:
         return {**row, "status": "check_failed", "reason": str(err)[:300]}
     seconds = args.seconds
@@ -190,6 +197,9 @@ def start_target(
 ) -> Running | None:
     name = target.name
     info: dict[str, Any] = {"label": target.label, "aliasing": target.aliasing, "status": "ok"}
+    if target.workers:
+        shared = set(cpu_list(target.cpus)) & set(cpu_list(args.load_cpus))
+        info.update(workers=target.workers, cpus=target.cpus, shares_load_cpus=bool(shared))
     doc["targets"][name] = info
     reason = target.missing()
     if reason and target.install and not args.no_install:
@@ -215,7 +225,7 @@ def measure(
     args: argparse.Namespace,
     env: Env,
     targets: list[tuple[Target, Running]],
-    bodies: dict[tuple[str, str, bool], Path],
+    bodies: dict[tuple[str, str, bool, int], Path],
     doc: dict[str, Any],
 ) -> None:
     """Every scenario, every target in turn (so that neighbours in time are compared), R rounds;
@@ -229,7 +239,8 @@ def measure(
                 if (name, sname) in broken or (rnd and target.one_round):
                     continue
                 pid = running.child.pid if running.child else None
-                body = bodies[(scen.body, HF_PATH if target.aliasing else SERVED, scen.stream)]
+                model = HF_PATH if target.aliasing else SERVED
+                body = bodies[(scen.body, model, scen.stream, scen.events)]
                 try:
                     row = run_cell(args, env, name, running.url, pid, scen, body)
                 except (RuntimeError, OSError, subprocess.SubprocessError) as err:
@@ -279,9 +290,10 @@ def main(argv: list[str] | None = None) -> int:
             "seconds": args.seconds,
             "warmup": args.warmup,
             "quick": args.quick,
-            "big_bytes": bodies[("ids8mb", SERVED, False)].stat().st_size,
+            "big_bytes": bodies[("ids8mb", SERVED, False, loads.SSE_EVENTS)].stat().st_size,
             "profile": args.profile,
             "rounds": args.rounds,
+            "scale": args.scale,
         },
         "targets": {},
         "runs": [],
@@ -289,11 +301,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     chosen = [TARGETS[n] for n in args.targets.split(",")]
     chosen += [sidecar_variant(*v.split("=", 1)) for v in args.variant]
+    chosen += scaling_targets(args.scale, args.proxy_cpus, args.load_cpus)
     upstream = start_upstream(env)
     started: list[tuple[Target, Running]] = []
     try:
         # The upstream must refuse the HF path, or the aliasing checks below prove nothing.
-        refused = bodies[("small", HF_PATH, False)].read_bytes()
+        refused = bodies[("small", HF_PATH, False, loads.SSE_EVENTS)].read_bytes()
         status = http("POST", env.upstream_url + "/v1/completions", refused)[0]
         if status != 404:
             sys.exit(f"fake upstream answered {status} to an unserved model, expected 404")
@@ -305,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         for target, running in started:
             pid = running.child.pid if running.child else None
             doc["targets"][target.name]["idle_rss_mb"] = rss_bytes(pid) / 2**20 if pid else None
+            each = [b / 2**20 for b in rss_each(pid)] if pid else []
+            doc["targets"][target.name]["idle_rss_each_mb"] = each
         measure(args, env, started, bodies, doc)
         for target, running in started:
             pid = running.child.pid if running.child else None

@@ -161,8 +161,10 @@ def start_sidecar(
     extra_args: tuple[str, ...] = (),
     extra_env: dict[str, str] | None = None,
     name: str = "sidecar",
+    cpus: str | None = None,
 ) -> Running:
-    """The sidecar as users run it; `wrap` runs it under a profiler (python -m pyinstrument)."""
+    """The sidecar as users run it; `wrap` runs it under a profiler (python -m pyinstrument).
+    `cpus`: its cores, when not the proxy's (several workers)."""
     port, admin = free_port(), free_port()
     python = ROOT / ".venv" / "bin" / "python"
     flags = ["--upstream-url", env.upstream_url, "--host", "127.0.0.1"]
@@ -173,7 +175,7 @@ def start_sidecar(
         argv = [str(python), *wrap[0], "-m", "proxy", *flags]
         extra_env.update(wrap[1])
     log = env.run_dir / f"{name}.log"
-    child = spawn(name, argv, cpus=env.proxy_cpus, log=log, env=extra_env)
+    child = spawn(name, argv, cpus=cpus or env.proxy_cpus, log=log, env=extra_env)
     ready = f"http://127.0.0.1:{admin}/readyz"
     wait_until(lambda: http("GET", ready, timeout=5)[0] == 200, child, 60, f"{name} /readyz")
     return Running(f"http://127.0.0.1:{port}", child, _version(python, "vllm-sidecar"))
@@ -188,6 +190,8 @@ class Target:
     missing: Callable[[], str | None]  # why it cannot run here, or None
     install: Callable[[], None] | None = None
     one_round: bool = False  # so slow that a second round would only cost time (LiteLLM)
+    workers: int = 0  # the sidecar's --workers, for the scaling table (0: not a scaling target)
+    cpus: str | None = None  # its cores, when not the proxy's
 
 
 def sidecar_variant(label: str, spec: str) -> Target:
@@ -204,6 +208,21 @@ def sidecar_variant(label: str, spec: str) -> Target:
         True,
         lambda e: start_sidecar(e, extra_args=flags, extra_env=env, name=f"sidecar-{label}"),
         _need(ROOT / ".venv" / "bin" / "vllm-sidecar", "bash scripts/test-env.sh"),
+    )
+
+
+def sidecar_workers(count: int, cpus: str) -> Target:
+    """The sidecar with `--workers count` on `cpus` (as many cores), for the scaling table."""
+    return Target(
+        f"sidecar-w{count}",
+        f"vllm-sidecar --workers {count} (CPU {cpus})",
+        True,
+        lambda e: start_sidecar(
+            e, extra_args=("--workers", str(count)), name=f"sidecar-w{count}", cpus=cpus
+        ),
+        _need(ROOT / ".venv" / "bin" / "vllm-sidecar", "bash scripts/test-env.sh"),
+        workers=count,
+        cpus=cpus,
     )
 
 

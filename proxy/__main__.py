@@ -4,14 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from . import logs, server
+from . import cores, logs
 from .settings import load
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     settings = load(argv)
-    logs.setup(settings.log_level, settings.log_format, access_log=settings.access_log)
-    server.run(settings)
+    settings = settings.model_copy(update={"workers": cores.worker_count(settings.workers)})
+    shared = settings.workers > 1
+    logs.setup(
+        settings.log_level, settings.log_format, access_log=settings.access_log, shared=shared
+    )
+    # Imported only now: with several workers, prometheus_client must first see its
+    # multiprocess directory (see `workers`).
+    if settings.workers == 1:
+        from . import server
+
+        server.run(settings)
+    else:
+        from . import workers
+
+        workers.run(settings)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from .keys import CONNECTIONS, DISCOVERY, IN_FLIGHT, LIFECYCLE, METRICS, SETTINGS
+from .keys import CONNECTIONS, DISCOVERY, DRAIN, IN_FLIGHT, LIFECYCLE, METRICS, SETTINGS
 
 PROXY = web.AppKey("proxy", web.Application)
 
@@ -31,8 +31,12 @@ async def drain(request: web.Request) -> web.Response:
     that the sidecar drains while vLLM still runs (a native sidecar's own SIGTERM comes only
     after vLLM has exited). Answers when nothing is in flight, or when the grace is over."""
     proxy = request.app[PROXY]
-    proxy[CONNECTIONS].start_draining()
-    left = await proxy[IN_FLIGHT].settle(proxy[SETTINGS].shutdown_grace)
+    workers = proxy.get(DRAIN)
+    if workers is not None:  # --workers N: each worker drains its own
+        left = await workers()
+    else:
+        proxy[CONNECTIONS].start_draining()
+        left = await proxy[IN_FLIGHT].settle(proxy[SETTINGS].shutdown_grace)
     return web.json_response({"draining": True, "in_flight": left})
 
 

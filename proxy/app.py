@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -37,7 +37,11 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
     async with make_session(app[SETTINGS]) as session:
         app[SESSION] = session
         async with app[DISCOVERY].running(session):
-            async with reconciling(app[LIFECYCLE], session, app[UPSTREAM], app[SETTINGS]):
+            lifecycle = app[LIFECYCLE]
+            if not lifecycle.LEADS:  # a worker's follows the supervisor's, which reconciles
+                yield
+                return
+            async with reconciling(lifecycle, session, app[UPSTREAM], app[SETTINGS]):
                 yield
 
 
@@ -50,22 +54,31 @@ async def _every_target(request: web.Request, handler: Handler) -> web.StreamRes
     return await handler(request)
 
 
-def create_app(settings: Settings, *, registry: CollectorRegistry | None = None) -> web.Application:
-    """The proxy application: every method and path is forwarded to the upstream."""
+def create_app(
+    settings: Settings,
+    *,
+    registry: CollectorRegistry | None = None,
+    discovery: Callable[[Settings, Metrics, URL], Discovery] = Discovery,
+    lifecycle: Callable[..., Lifecycle] = Lifecycle,
+) -> web.Application:
+    """The proxy application: every method and path is forwarded to the upstream.
+
+    `discovery` and `lifecycle` make the served-name and health tracker and the engine's phase;
+    with `--workers N` the supervisor's publish to the workers', which follow (`podstate`)."""
     # A body up to the limit must reach the handler, which answers 413 with an envelope itself.
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[_every_target])
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
     app[SETTINGS] = settings
     app[METRICS] = metrics
     app[UPSTREAM] = URL(settings.upstream_url)
-    app[DISCOVERY] = Discovery(settings, metrics, app[UPSTREAM])
+    app[DISCOVERY] = discovery(settings, metrics, app[UPSTREAM])
     app[BUDGET] = budget = Budget(settings.buffer_budget_bytes, metrics)
     app[IN_FLIGHT] = in_flight = InFlight()
     app[CONNECTIONS] = watch = connections.Watch(
         _limits(settings), metrics, in_flight, on_quiet=budget.trim
     )
     app.middlewares.append(connections.middleware(watch))
-    app[LIFECYCLE] = Lifecycle(
+    app[LIFECYCLE] = lifecycle(
         metrics.engine,
         hold_timeout=settings.phase_hold_timeout,
         hold_queue=settings.phase_hold_queue,

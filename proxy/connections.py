@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import resource
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -166,11 +167,15 @@ def connection_cap(wanted: int, fd_limit: int) -> int:
 
 
 async def serve_guarded(
-    watch: Watch, server: Any, host: str, port: int
+    watch: Watch, server: Any, host: str, port: int, *, sock: socket.socket | None = None
 ) -> tuple[asyncio.Server, asyncio.Task[None]]:
-    """The proxy listener, each accepted connection guarded, and the sweep that bounds them."""
+    """The proxy listener, each accepted connection guarded, and the sweep that bounds them.
+
+    `sock`: a worker's listening socket (`--workers N`), in place of (host, port)."""
     loop = asyncio.get_running_loop()
-    listener = await loop.create_server(
-        watch.factory(server), host, port, backlog=1024, reuse_address=True
-    )
+    factory = watch.factory(server)
+    if sock is not None:
+        listener = await loop.create_server(factory, sock=sock, backlog=1024)
+    else:
+        listener = await loop.create_server(factory, host, port, backlog=1024, reuse_address=True)
     return listener, asyncio.create_task(watch.run())

@@ -45,7 +45,7 @@ def _connection_tokens(headers: MultiMapping[str]) -> set[istr]:
 
 
 def _filtered(headers: MultiMapping[str], drop: frozenset[istr]) -> CIMultiDict[str]:
-    named = _connection_tokens(headers)
+    named = _connection_tokens(headers) if "Connection" in headers else frozenset()
     out: CIMultiDict[str] = CIMultiDict()
     for key, value in headers.items():
         if key not in drop and key not in named:
@@ -80,7 +80,7 @@ def upstream_request_headers(
     scheme: str,
     host: str | None,
 ) -> CIMultiDict[str]:
-    out = _filtered(headers, frozenset(_REQUEST_DROP))
+    out = _filtered(headers, _REQUEST_DROP)
     forwarded_for = ", ".join(v for v in (*headers.getall("X-Forwarded-For", ()), client_ip) if v)
     if forwarded_for:
         out["X-Forwarded-For"] = forwarded_for

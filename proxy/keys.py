@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import aiohttp
 from aiohttp import web
 from yarl import URL
@@ -23,3 +25,5 @@ IN_FLIGHT = web.AppKey("in_flight", InFlight)
 CONNECTIONS = web.AppKey("connections", Watch)
 BUDGET = web.AppKey("budget", Budget)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
+# With `--workers N`, the supervisor's: drain every worker, and how many requests were left.
+DRAIN: web.AppKey[Callable[[], Awaitable[int]]] = web.AppKey("drain")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -33,8 +34,16 @@ _REFUSALS: dict[str, type[PhaseRefusal]] = {
 _VERSIONING = frozenset(("/finish_weight_update", "/update_weight_version"))
 
 
+Call = int  # a phase-changing control call in flight, by number
+
+
 class Lifecycle:
-    """The engine's phase and weight version, and the gate data-plane requests pass."""
+    """The engine's phase and weight version, and the gate data-plane requests pass.
+
+    The pod's own, as here, reconciles with vLLM and records phase durations; a worker's of
+    `--workers N` (`podlifecycle.Follower`) mirrors the supervisor's and does neither."""
+
+    LEADS = True
 
     def __init__(
         self, metrics: EngineMetrics, *, hold_timeout: float, hold_queue: int, token: bytes | None
@@ -47,16 +56,21 @@ class Lifecycle:
         self.updates = self.held = self.running = 0
         self.durations = phase.Durations()
         self.probe: Probe | None = None
-        self.calls = 0  # phase-changing control calls in flight
+        self.open: dict[Call, tuple[Engine, Engine]] = {}  # each call's phases before and sent
+        self._numbers = itertools.count(1)
         self.epoch = 0  # bumped on every change of state, so a probe can tell it is stale
         self._serving = asyncio.Event()
         self._serving.set()
         self.stalls = Stalls()
-        self._show_phase()
 
     @property
     def phase(self) -> str:
         return self.engine.phase
+
+    @property
+    def calls(self) -> int:
+        """Phase-changing control calls in flight."""
+        return len(self.open)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.since
@@ -69,9 +83,10 @@ class Lifecycle:
         if engine.phase != old:
             took = self.elapsed()
             self.durations.record(old, took)
-            self.metrics.phase_duration.labels(old).observe(took)
+            if self.LEADS:
+                self.metrics.phase_duration.labels(old).observe(took)
             self.since, self.since_wall = time.monotonic(), time.time()
-            self._show_phase()
+            self.metrics.state.phase = engine.phase
             log.info("engine %s -> %s after %.1fs (%s)", old, engine.phase, took, why)
         if engine.phase == SERVING:
             self._serving.set()
@@ -80,18 +95,11 @@ class Lifecycle:
             self._serving.clear()
             self.stalls.start(asyncio.get_running_loop().create_task(self._sweep()))
 
-    def _show_phase(self) -> None:
-        for name in phase.PHASES:
-            self.metrics.phase.labels(name).set(1 if name == self.engine.phase else 0)
-
     def set_version(self, version: str | None) -> None:
         if version is None or version == self.version:
             return
-        if self.version is not None:
-            self.metrics.weight_version.remove(self.version)
         log.info("weight version %s -> %s", self.version, version)
-        self.version = version
-        self.metrics.weight_version.labels(version).set(1)
+        self.version = self.metrics.state.version = version
 
     # -- the data plane ---------------------------------------------------------------------
     async def admit(self, rec: RequestRecord) -> None:
@@ -168,43 +176,58 @@ class Lifecycle:
                 path,
                 self.running,
             )
-        before = self.engine
-        self.set(phase.on_send(before, path), f"{path} sent")
-        sent, self.calls = self.engine, self.calls + 1
+        call = await self.enter(path)
         try:
             yield
         except asyncio.CancelledError:
             # The caller hung up: vLLM may have acted on the call anyway. The entered phase
             # stands (the safe side) until vLLM's own flags settle it.
             log.warning("%s: the caller left before vLLM answered; phase %s kept", path, self.phase)
+            self.leave(call)
             raise
         except Exception:
-            self._revert(before, sent, path)  # vLLM was not reached, or broke off
+            await self.failed(call, path)  # vLLM was not reached, or broke off
             raise
-        finally:
-            self.calls -= 1
         if not 200 <= rec.status < 300:
-            self._revert(before, sent, path)
+            await self.failed(call, path)
             return
-        await self._settled(path, query)
+        await self.answered(call, path, query)
 
-    def _revert(self, before: Engine, sent: Engine, path: str) -> None:
+    # The steps of a call, each one the pod's: a worker's `Follower` has the supervisor take them.
+    async def enter(self, path: str) -> Call:
+        """The call is sent: enter its phase."""
+        before = self.engine
+        self.set(phase.on_send(before, path), f"{path} sent")
+        call = next(self._numbers)
+        self.open[call] = (before, self.engine)
+        return call
+
+    def leave(self, call: Call) -> None:
+        """The call's caller left: its phase stands."""
+        self.open.pop(call, None)
+
+    async def failed(self, call: Call, path: str) -> None:
+        """vLLM refused the call or was not reached: back to the phase before it."""
+        before, sent = self.open.pop(call, (self.engine, self.engine))
         if self.engine == sent:  # unless something else changed it meanwhile
             self.set(before, f"{path} failed")
 
-    async def _settled(self, path: str, query: str) -> None:
+    async def answered(self, call: Call, path: str, query: str) -> None:
+        """vLLM answered with success: leave the phase, and read the version it changed."""
+        self.open.pop(call, None)
         awake = True
         if path == "/wake_up" and "tags=" in query and self.probe is not None:
             # Waking only some tags (weights, then kv_cache) leaves the engine asleep.
             with contextlib.suppress(ProbeFailed):
                 awake = await self.probe.sleeping() is False
+        # The version first: requests the phase held are released with the new one.
+        if path in _VERSIONING and self.probe is not None:
+            with contextlib.suppress(ProbeFailed):
+                self.set_version(await self.probe.weight_version())
         self.set(phase.on_answer(self.engine, path, fully_awake=awake), f"{path} answered")
         if path == "/finish_weight_update":
             self.updates += 1
             self.metrics.weight_updates.inc()
-        if path in _VERSIONING and self.probe is not None:
-            with contextlib.suppress(ProbeFailed):
-                self.set_version(await self.probe.weight_version())
 
     def describe(self) -> dict[str, object]:
         return {

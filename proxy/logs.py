@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
+import os
+import select
 import sys
 import time
 from typing import Any
@@ -42,10 +45,37 @@ def text_field(value: object) -> str:
     return f'"{inner}"'
 
 
+class _PerSecond:
+    """A record's time as `strftime(fmt)`, formatted once per second, not once per line."""
+
+    def __init__(self, fmt: str, converter: Any) -> None:
+        self._fmt, self._converter = fmt, converter
+        self._second, self._text = -1, ""
+
+    def __call__(self, created: float) -> str:
+        second = int(created)
+        if second != self._second:
+            self._second, self._text = second, time.strftime(self._fmt, self._converter(second))
+        return self._text
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self._stamp = _PerSecond(self.default_time_format, self.converter)
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return f"{self._stamp(record.created)},{int(record.msecs):03d}"
+
+
 class JSONFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__()
+        self._stamp = _PerSecond("%Y-%m-%dT%H:%M:%S", time.gmtime)
+
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "ts": f"{self._stamp(record.created)}.{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -93,22 +123,59 @@ def flush() -> None:
             handler.flush_now()
 
 
-def _stderr_handler() -> logging.Handler:
+class WholeLines(io.TextIOBase):
+    """A buffer for a stream several processes share (`--workers N`): it writes whole lines
+    only, in blocks of at most PIPE_BUF bytes, which POSIX writes to a pipe in one piece; a
+    64 KiB block could be split, and another worker's line land in the middle of one."""
+
+    def __init__(self, fd: int, limit: int = 1 << 16) -> None:
+        self._fd, self._limit = fd, limit
+        self._lines: list[bytes] = []
+        self._size = 0
+
+    def write(self, text: str) -> int:
+        line = text.encode("utf-8", "backslashreplace")  # StreamHandler: one record per call
+        self._lines.append(line)
+        self._size += len(line)
+        if self._size >= self._limit:
+            self.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        block: list[bytes] = []
+        size = 0
+        for line in self._lines:
+            if block and size + len(line) > select.PIPE_BUF:
+                self._write(b"".join(block))
+                block, size = [], 0
+            block.append(line)
+            size += len(line)
+        if block:
+            self._write(b"".join(block))
+        self._lines.clear()
+        self._size = 0
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+
+def _stderr_handler(shared: bool) -> logging.Handler:
     try:
         fd = sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):  # stderr replaced by something without a fd
         return logging.StreamHandler(sys.stderr)
+    if shared:
+        return BufferedStreamHandler(WholeLines(fd))
     stream = open(fd, "w", buffering=1 << 16, closefd=False, errors="backslashreplace")
     return BufferedStreamHandler(stream)
 
 
-def setup(level: str, fmt: str, *, access_log: bool = True) -> None:
-    handler = _stderr_handler()
-    if fmt == "json":
-        formatter: logging.Formatter = JSONFormatter()
-        formatter.converter = time.gmtime
-    else:
-        formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+def setup(level: str, fmt: str, *, access_log: bool = True, shared: bool = False) -> None:
+    """`shared`: stderr is written by several processes (`--workers N`)."""
+    handler = _stderr_handler(shared)
+    formatter = JSONFormatter() if fmt == "json" else TextFormatter()
     handler.setFormatter(formatter)
     root = logging.getLogger()
     for old in root.handlers:
@@ -119,6 +186,9 @@ def setup(level: str, fmt: str, *, access_log: bool = True) -> None:
     # Each record would otherwise look up its thread and process names: the sidecar is one
     # event-loop thread in one process, and the access line is written once per request.
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    # Nor walk the stack for the caller's file and line (logging's own switch, documented in
+    # its source): neither format shows them.
+    logging._srcfile = None
     # The per-request line costs tens of microseconds; at tens of thousands of requests a
     # second the metrics may be all an operator wants.
     logging.getLogger("proxy.access").setLevel(logging.NOTSET if access_log else logging.WARNING)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from .phase import PHASES, SERVING
 
 # Route labels are bounded by the table in routes.py (`route_label`); methods by this set.
 METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
@@ -103,6 +109,8 @@ class Metrics:
                 "Requests being served now.",
                 route,
                 registry=registry,
+                # With --workers N, each process's count lives in its file until it exits.
+                multiprocess_mode="livesum",
             )
         )
         self.disconnects = self._counter(
@@ -116,6 +124,9 @@ class Metrics:
             PREFIX + "upstream_up",
             "1 when the upstream answered its last health check, else 0.",
             registry=registry,
+            # The supervisor checks once per pod and every worker mirrors it: the live maximum
+            # is the supervisor's answer, and a dead worker's last value cannot linger.
+            multiprocess_mode="livemax",
         )
         self.discoveries = self._counter(
             "discoveries", "Reads of the upstream's /v1/models, by outcome.", ("outcome",)
@@ -128,6 +139,7 @@ class Metrics:
             PREFIX + "client_connections",
             "Client connections open on the proxy port.",
             registry=registry,
+            multiprocess_mode="livesum",
         )
         self.connections_closed = self._counter(
             "client_connections_closed",
@@ -138,6 +150,7 @@ class Metrics:
             PREFIX + "buffered_bytes",
             "Bytes of request and response bodies held whole now (the memory budget's use).",
             registry=registry,
+            multiprocess_mode="livesum",
         )
         self.budget_refusals = Counter(
             PREFIX + "buffer_budget_refusals",
@@ -158,23 +171,39 @@ class Metrics:
 PHASE_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 14400)
 
 
+class EngineState(Collector):
+    """The engine's phase and weight version, as the lifecycle last set them."""
+
+    def __init__(self) -> None:
+        self.phase = SERVING
+        self.version: str | None = None
+
+    def collect(self) -> Iterable[Metric]:
+        phase = GaugeMetricFamily(
+            PREFIX + "engine_phase",
+            "1 for the engine's current phase (serving, paused, sleeping, weight_sync), else 0.",
+            labels=("phase",),
+        )
+        for name in PHASES:
+            phase.add_metric((name,), 1 if name == self.phase else 0)
+        version = GaugeMetricFamily(
+            PREFIX + "weight_version_info",
+            "1, labelled with the weight version vLLM reports now (GET /weight_info).",
+            labels=("version",),
+        )
+        if self.version is not None:
+            version.add_metric((self.version,), 1)
+        return (phase, version)
+
+
 class EngineMetrics:
     """The engine lifecycle: phase, weight version, and what phases did to requests."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.phase = Gauge(
-            PREFIX + "engine_phase",
-            "1 for the engine's current phase (serving, paused, sleeping, weight_sync), else 0.",
-            ("phase",),
-            registry=registry,
-        )
-        # Not a Family: the old version's child is removed when the version changes.
-        self.weight_version = Gauge(
-            PREFIX + "weight_version_info",
-            "1, labelled with the weight version vLLM reports now (GET /weight_info).",
-            ("version",),
-            registry=registry,
-        )
+        # Read at scrape time, not kept in gauges: with --workers N only the supervisor's state
+        # is exported, and an old version's series goes with it (multiprocess mode cannot remove).
+        self.state = EngineState()
+        registry.register(self.state)
         self.weight_updates = Counter(
             PREFIX + "weight_updates",
             "Weight updates finished (a successful /finish_weight_update).",
@@ -205,9 +234,27 @@ class EngineMetrics:
             PREFIX + "held_requests",
             "Requests held now, waiting for the engine.",
             registry=registry,
+            multiprocess_mode="livesum",
         )
         self.unpaused_sync = Counter(
             PREFIX + "weight_update_running_requests",
             "Requests running when a weight update started: a missing pause before the update.",
             registry=registry,
+        )
+
+
+class WorkerMetrics:
+    """The supervisor's own metrics with `--workers` above 1."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.restarts = Counter(
+            PREFIX + "worker_restarts",
+            "Worker processes that exited unexpectedly and were started again.",
+            registry=registry,
+        )
+        self.live = Gauge(
+            PREFIX + "workers",
+            "Worker processes serving the proxy port now.",
+            registry=registry,
+            multiprocess_mode="livemax",
         )

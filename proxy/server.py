@@ -7,6 +7,9 @@ import contextlib
 import dataclasses
 import logging
 import signal
+import socket
+from collections.abc import Coroutine
+from typing import Any
 
 from aiohttp import web
 
@@ -20,14 +23,23 @@ from .settings import Settings
 log = logging.getLogger(__name__)
 
 
-async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
-    """Serve until SIGTERM/SIGINT (or `stop`), then drain within the grace period."""
+async def serve(
+    settings: Settings,
+    *,
+    stop: asyncio.Event | None = None,
+    proxy: web.Application | None = None,
+    listen: socket.socket | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT (or `stop`), then drain within the grace period.
+
+    `listen`: a worker's (one of `--workers N`) proxy socket, already listening beside its
+    siblings'; the admin port is then the supervisor's."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    proxy = create_app(settings)
+    proxy = proxy if proxy is not None else create_app(settings)
     watch = proxy[CONNECTIONS]
     watch.limits = _capped(watch.limits)
     # aiohttp's default leaves a handler running after its client hangs up, and with it the
@@ -49,9 +61,10 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> Non
     admin_host = settings.admin_host or settings.host
     try:
         listener, sweep = await connections.serve_guarded(
-            watch, runner.server, settings.host, settings.port
+            watch, runner.server, settings.host, settings.port, sock=listen
         )
-        await web.TCPSite(admin, admin_host, settings.admin_port).start()
+        if listen is None:
+            await web.TCPSite(admin, admin_host, settings.admin_port).start()
         log.info(
             "vllm-sidecar on %s:%d (admin %s:%d) -> %s",
             settings.host,
@@ -99,10 +112,15 @@ async def _flushing_logs_until(stop: asyncio.Event, interval: float = 0.5) -> No
 
 
 def run(settings: Settings) -> None:
+    run_loop(serve(settings))
+
+
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run `main` to completion on uvloop, where it builds."""
     map_large_buffers()
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
-        asyncio.run(serve(settings))
+        asyncio.run(main)
     else:
-        uvloop.run(serve(settings))
+        uvloop.run(main)

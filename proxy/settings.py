@@ -86,6 +86,9 @@ class Settings(BaseSettings):
     error_body_bytes: int = Field(
         1 * MiB, gt=0, description="upstream error bodies kept in envelopes, the rest is cut"
     )
+    workers: int = Field(
+        1, ge=0, description="processes serving the proxy port (SO_REUSEPORT); 0: one per CPU"
+    )
     shutdown_grace: float = Field(
         25.0, ge=0, description="seconds in-flight requests get after SIGTERM"
     )

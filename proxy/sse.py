@@ -38,9 +38,10 @@ class ErrorWatcher:
         """Watch one chunk; True when it completed an error event."""
         data = self._tail + chunk if self._tail else chunk
         cut = data.rfind(b"\n") + 1
-        self._tail = data[cut:] if len(data) - cut <= _MAX_TAIL else b""
+        rest = len(data) - cut
+        self._tail = data[cut:] if 0 < rest <= _MAX_TAIL else b""
         self.aborted = self.aborted or _ABORT_MARK in data
-        if _ERROR_MARK not in data[:cut]:
+        if data.find(_ERROR_MARK, 0, cut) < 0:  # no copy of the chunk, unlike `in data[:cut]`
             return False
         for line in data[:cut].split(b"\n"):
             if line.startswith(b"data:") and _ERROR_MARK in line:

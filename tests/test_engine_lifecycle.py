@@ -213,6 +213,19 @@ async def test_a_weight_sync_forwards_nothing_and_changes_the_version(
     assert engine["since"] > 1.7e9
 
 
+async def test_requests_an_unpaused_update_held_are_released_with_the_new_version(
+    lifecycle: Sidecar, fake: FakeVLLM
+) -> None:
+    await control(lifecycle, "/start_weight_update")
+    held = asyncio.create_task(lifecycle.client.post("/v1/completions", json=COMPLETION))
+    await eventually(lambda: lifecycle.app[LIFECYCLE].held == 1)
+    await control(lifecycle, "/finish_weight_update", json={"weight_version": "step-8"})
+    resp = await asyncio.wait_for(held, 10)
+    # Released when the sync ended: they run on the new weights, and say so.
+    assert (resp.status, resp.headers["X-Weight-Version"]) == (200, "step-8")
+    assert "X-Weight-Version-End" not in resp.headers
+
+
 async def test_an_update_under_traffic_is_counted_and_logged(
     lifecycle: Sidecar, fake: FakeVLLM, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -33,10 +33,10 @@ local chat = '{"id":"chatcmpl-8a38b9117e56f473","object":"chat.completion","crea
   .. '"completion_tokens_details":null},"prompt_logprobs":null,"prompt_token_ids":null,'
   .. '"prompt_text":null,"kv_transfer_params":null,"ec_transfer_params":null,"metrics":null}'
 
-local function sse_events(kind)
+local function sse_events(kind, count)
   local events = {}
-  for i = 1, SSE_EVENTS do
-    local last = i == SSE_EVENTS
+  for i = 1, count do
+    local last = i == count
     local finish = last and '"length","stop_reason":null' or "null"
     local tail = last and ',"system_fingerprint":"vllm-0.32.0-d800a907"' or ""
     if kind == "chat" then
@@ -51,14 +51,24 @@ local function sse_events(kind)
         .. ',"prompt_token_ids":null,"token_ids":null}]' .. tail .. '}\n\n'
     end
   end
-  events[SSE_EVENTS + 1] = "data: [DONE]\n\n"
+  events[count + 1] = "data: [DONE]\n\n"
   return events
 end
 
 local bodies = {
-  ["/v1/completions"] = {json = completion, sse = sse_events("completion")},
-  ["/v1/chat/completions"] = {json = chat, sse = sse_events("chat")},
+  ["/v1/completions"] = {json = completion, kind = "completion"},
+  ["/v1/chat/completions"] = {json = chat, kind = "chat"},
 }
+
+-- Streams of N events, built once per kind and length.
+local streams = {}
+local function stream_of(kind, count)
+  local key = kind .. count
+  if streams[key] == nil then
+    streams[key] = sse_events(kind, count)
+  end
+  return streams[key]
+end
 
 local WINDOW = 4096
 
@@ -111,7 +121,12 @@ function M.generate()
   if find(body, '"stream"%s*:%s*(%a+)') == "true" then
     ngx.header["Content-Type"] = "text/event-stream; charset=utf-8"
     -- One chunk per event, each flushed on its own, as vLLM streams tokens.
-    for _, event in ipairs(route.sse) do
+    -- vLLM streams exactly max_tokens tokens when told to ignore EOS; otherwise SSE_EVENTS.
+    local count = SSE_EVENTS
+    if find(body, '"ignore_eos"%s*:%s*(%a+)') == "true" then
+      count = math.min(tonumber(find(body, '"max_tokens"%s*:%s*(%d+)')) or SSE_EVENTS, 100000)
+    end
+    for _, event in ipairs(stream_of(route.kind, count)) do
       ngx.print(event)
       ngx.flush(false)
     end

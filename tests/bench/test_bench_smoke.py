@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCENARIOS = {"json-c1", "json-c64", "sse-c1", "sse-c64", "ids8mb-c1"}
+SCENARIOS = {"json-c1", "json-c64", "sse-c1", "sse-c64", "ids8mb-c1", "sse500-c64"}
 REQUIRED = ("direct", "nginx", "baseline", "sidecar")
 
 pytestmark = pytest.mark.slow
@@ -23,7 +23,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Bench:
     # Peers (vllm-router, LiteLLM) run only where their venvs already exist: --quick installs none.
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--big-mb", "1",
-         "--out", str(out)],
+         "--scale", "1,2", "--out", str(out)],
         capture_output=True, text=True, timeout=600, check=False, cwd=ROOT,
     )  # fmt: skip
     return proc, out
@@ -77,3 +77,20 @@ def test_markdown_report_has_the_glance_table_and_one_table_per_scenario(
     glance = md.split("## At a glance", 1)[1].split("\n## ", 1)[0]
     for label in ("direct to upstream", "nginx proxy_pass", "minimal aiohttp", "vllm-sidecar"):
         assert label in glance
+
+
+def test_workers_scale_and_sse_cost_per_event_are_reported(bench: Bench) -> None:
+    doc = json.loads((bench[1] / "results.json").read_text())
+    workers = {row["workers"]: row for row in doc["workers"]}
+    assert 1 in workers
+    assert workers[1]["over_one"] is None
+    assert len(workers[1]["idle_rss_each_mb"]) == 1  # one worker: the sidecar's own process
+    if 2 in workers:  # a machine with two cores or more
+        assert workers[2]["rps"] > 0
+        assert workers[2]["over_one"] == workers[2]["rps"] / workers[1]["rps"]
+        assert len(workers[2]["idle_rss_each_mb"]) == 3  # the supervisor and two workers
+    events = {row["target"]: row for row in doc["sse_per_event"]}
+    assert events["sidecar"]["events_per_s"] == events["sidecar"]["rps"] * 500
+    md = (bench[1] / "results.md").read_text()
+    assert "## Worker processes" in md
+    assert "## Cost per SSE event" in md

@@ -5,10 +5,20 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
-from proxy.logs import FIELD_CHARS, BufferedStreamHandler, JSONFormatter, text_field
+from proxy.logs import (
+    FIELD_CHARS,
+    BufferedStreamHandler,
+    JSONFormatter,
+    TextFormatter,
+    text_field,
+)
 
 
 class CountingStream(io.StringIO):
@@ -48,6 +58,49 @@ def test_json_lines_carry_the_request_fields() -> None:
     assert (out["status"], out["request_id"], out["model_requested"]) == (200, "r1", "a/b")
     assert out["level"] == "info"
     assert out["ts"].endswith("Z")
+
+
+WRITER = """
+import logging, sys
+from proxy.logs import BufferedStreamHandler, WholeLines
+handler = BufferedStreamHandler(WholeLines(1))
+for i in range(20000):
+    line = sys.argv[1] * 200 + str(i)
+    handler.handle(logging.LogRecord("x", logging.INFO, "", 1, line, (), None))
+    if i % 3000 == 0:
+        handler.flush_now()
+handler.close()
+"""
+
+
+def test_workers_sharing_one_pipe_never_cut_each_others_lines() -> None:
+    # Two processes write their buffered log lines into one pipe, as N workers do into a
+    # container's stdout: every line that comes out must be one process's, whole.
+    read, write = os.pipe()
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, tag], stdout=write) for tag in "abc"]
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        lines = pipe.read().decode().splitlines()
+    assert [proc.wait(30) for proc in writers] == [0, 0, 0]
+    assert len(lines) == 60000
+    for line in lines:
+        tag = line[0]
+        assert line[:200] == tag * 200, line[:80] + "..." + line[-20:]
+        assert line[200:].isdigit(), line[:80] + "..." + line[-20:]
+
+
+def test_text_and_json_timestamps_match_loggings_own_at_every_second() -> None:
+    # The formatters format the date once per second; each line must read as logging's would.
+    plain = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    iso = logging.Formatter()
+    iso.converter = time.gmtime
+    text, js = TextFormatter(), JSONFormatter()
+    for created in (1795982287.0, 1795982287.999, 1795982288.004, 1795982288.5, 1795982400.25):
+        rec = record(logging.INFO, "line")
+        rec.created, rec.msecs = created, (created - int(created)) * 1000
+        assert text.format(rec) == plain.format(rec)
+        expected = iso.formatTime(rec, "%Y-%m-%dT%H:%M:%S") + f".{int(rec.msecs):03d}Z"
+        assert json.loads(js.format(rec))["ts"] == expected
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,102 @@
+"""One of `--workers N`: `python -m proxy.worker FD`, started by the supervisor (`supervisor`).
+
+Settings and the pod's discovery and engine state arrive on the socket FD; the worker serves the
+proxy port beside its siblings (SO_REUSEPORT), with its own event loop and upstream pool, and
+stops (draining like a single sidecar) on SIGTERM or when the supervisor goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import sys
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from . import logs, server
+from .app import create_app
+from .keys import CONNECTIONS, DISCOVERY, IN_FLIGHT, LIFECYCLE, SETTINGS
+from .metrics import EngineMetrics
+from .podlifecycle import Follower
+from .podstate import Channel, FollowerDiscovery, Message
+from .settings import Settings
+from .workers import shared_socket
+
+log = logging.getLogger(__name__)
+
+
+async def main(sock: socket.socket) -> None:
+    channel = await Channel.open(sock)
+    hello = await channel.receive()
+    if hello is None:  # the supervisor died before it said anything
+        return
+    settings = Settings.model_validate(hello["settings"])
+    logs.setup(settings.log_level, settings.log_format, access_log=settings.access_log, shared=True)
+
+    def follower(metrics: EngineMetrics, **kwargs: Any) -> Follower:
+        return Follower(metrics, channel=channel, **kwargs)
+
+    # The samples land in this process's files in the pod's multiprocess directory, which the
+    # supervisor's /metrics merges; this registry itself is never exported.
+    app = create_app(
+        settings,
+        registry=CollectorRegistry(),
+        discovery=lambda s, m, b: FollowerDiscovery(s, m, b, channel),
+        lifecycle=follower,
+    )
+    stop = asyncio.Event()
+    apply(app, hello)
+    following = asyncio.create_task(follow(app, channel))
+    following.add_done_callback(lambda _: stop.set())
+    listening = shared_socket(settings.host, settings.port, listen=True)
+    channel.send({"listening": os.getpid()})
+    try:
+        await server.serve(settings, stop=stop, proxy=app, listen=listening)
+    finally:
+        following.cancel()
+        channel.close()
+
+
+def apply(app: web.Application, message: Message) -> None:
+    """The pod's state in a supervisor's message: discovery's, the engine's, or both."""
+    if "state" in message:
+        discovery = app[DISCOVERY]
+        assert isinstance(discovery, FollowerDiscovery)
+        discovery.apply(message["state"])
+    if "engine" in message:
+        lifecycle = app[LIFECYCLE]
+        assert isinstance(lifecycle, Follower)
+        lifecycle.apply(message)
+
+
+async def follow(app: web.Application, channel: Channel) -> None:
+    """Apply every state the supervisor sends, and drain when it asks, until it goes away."""
+    draining: set[asyncio.Task[None]] = set()
+    while (message := await channel.receive()) is not None:
+        apply(app, message)
+        if "drain" in message:
+            task = asyncio.create_task(_drain(app, channel, message["ask"]))
+            draining.add(task)
+            task.add_done_callback(draining.discard)
+    log.warning("the supervisor is gone: this worker stops")
+
+
+async def _drain(app: web.Application, channel: Channel, ask: int) -> None:
+    """The admin port's `POST /drain`, for this worker: no new requests, those in flight end."""
+    app[CONNECTIONS].start_draining()
+    left = await app[IN_FLIGHT].settle(app[SETTINGS].shutdown_grace)
+    channel.send({"reply": ask, "in_flight": left})
+
+
+def run() -> None:
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    os.set_inheritable(sock.fileno(), False)
+    server.run_loop(main(sock))
+
+
+if __name__ == "__main__":
+    run()
