@@ -70,72 +70,6 @@ def add_derived(rows: list[Row]) -> None:
         }
 
 
-def goals(rows: list[Row], targets: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 6's targets for the sidecar, measured in this run."""
-
-    def get(target: str, scenario: str, key: str) -> float | None:
-        row = find(rows, target, scenario)
-        return None if row is None else row.get(key)
-
-    out: list[dict[str, Any]] = []
-
-    def goal(name: str, measured: float | None, bound: float | None, at_least: bool) -> None:
-        ok = None
-        if measured is not None and bound is not None:
-            ok = measured >= bound if at_least else measured <= bound
-        out.append({"goal": name, "measured": measured, "bound": bound, "pass": ok})
-
-    side_rps = get(REF, "json-c64", "rps")
-    goal(
-        "json c64 req/s >= 1.2x aiohttp baseline",
-        side_rps,
-        _mul(get("baseline", "json-c64", "rps"), 1.2),
-        True,
-    )
-    goal(
-        "json c64 req/s >= 0.4x vllm-router",
-        side_rps,
-        _mul(get("router", "json-c64", "rps"), 0.4),
-        True,
-    )
-    goal(
-        "added p50 at c1 (us) <= 1.2x vllm-router's",
-        get(REF, "json-c1", "added_p50_us"),
-        _mul(get("router", "json-c1", "added_p50_us"), 1.2),
-        False,
-    )
-    goal(
-        "SSE c64 req/s >= vllm-router's",
-        get(REF, "sse-c64", "rps"),
-        get("router", "sse-c64", "rps"),
-        True,
-    )
-    goal(
-        "json c64 req/s >= 60x LiteLLM", side_rps, _mul(get("litellm", "json-c64", "rps"), 60), True
-    )
-    goal(
-        "8 MB token-id request: added p50 (us) <= 2000",
-        get(REF, "ids8mb-c1", "added_p50_us"),
-        2000.0,
-        False,
-    )
-    idle = targets.get(REF, {}).get("idle_rss_mb")
-    goal("idle RSS (MB) < 60", idle, 60.0, False)
-    return out
-
-
-def _workers_goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    out = []
-    for name, measured, bound in scaling.goals(doc):
-        ok = None if measured is None or bound is None else measured >= bound
-        out.append({"goal": name, "measured": measured, "bound": bound, "pass": ok})
-    return out
-
-
-def _mul(value: float | None, k: float) -> float | None:
-    return None if value is None else value * k
-
-
 def markdown(doc: dict[str, Any]) -> str:
     rows: list[Row] = doc["runs"]
     targets: dict[str, Any] = doc["targets"]
@@ -201,19 +135,11 @@ def markdown(doc: dict[str, Any]) -> str:
             )
     lines += scaling.scaling_markdown(doc)
     lines += scaling.per_event_markdown(doc)
-    lines += ["", "## Issue 6 targets (sidecar)", "", "| goal | measured | bound | pass |"]
-    lines.append("|---|---|---|---|")
-    for g in doc["goals"]:
-        verdict = {True: "yes", False: "**no**", None: "n/a"}[g["pass"]]
-        lines.append(
-            f"| {g['goal']} | {num(g['measured'], 1)} | {num(g['bound'], 1)} | {verdict} |"
-        )
     return "\n".join(lines) + "\n"
 
 
 def write(doc: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     add_derived(doc["runs"])
-    doc["goals"] = goals(doc["runs"], doc["targets"]) + _workers_goals(doc)
     doc["workers"] = scaling.scaling_rows(doc)
     doc["sse_per_event"] = scaling.per_event(doc)
     json_path, md_path = out_dir / "results.json", out_dir / "results.md"

@@ -141,16 +141,3 @@ def per_event_markdown(doc: dict[str, Any]) -> list[str]:
             f"{r['cpu_us_per_stream']:,.0f} | {r['cpu_us_per_event']:.1f} |"
         )
     return lines
-
-
-def goals(doc: dict[str, Any]) -> list[tuple[str, float | None, float | None]]:
-    """Issue 13: N workers give at least 0.9 x N times one worker's rate (name, measured, bound)."""
-    rows = scaling_rows(doc)
-    if not rows or rows[0]["workers"] != 1 or rows[0]["rps"] is None:
-        return []
-    one = rows[0]["rps"]
-    return [
-        (f"json c64 req/s with {r['workers']} workers >= 0.9 x {r['workers']} x 1 worker's",
-         r["rps"], 0.9 * r["workers"] * one)
-        for r in rows[1:]
-    ]  # fmt: skip

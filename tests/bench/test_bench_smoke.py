@@ -62,8 +62,7 @@ def test_json_report_has_every_cell_of_the_required_targets(
             assert row["cpu_ms_per_1k"] > 0
             assert row["rss_mb"] > 1
     assert doc["targets"]["sidecar"]["idle_rss_mb"] > 1
-    assert doc["goals"][0]["goal"].startswith("json c64 req/s")
-    assert all(set(g) == {"goal", "measured", "bound", "pass"} for g in doc["goals"])
+    assert "goals" not in doc  # figures, not a pass/fail tally against targets
 
 
 def test_markdown_report_has_the_glance_table_and_one_table_per_scenario(
@@ -71,7 +70,7 @@ def test_markdown_report_has_the_glance_table_and_one_table_per_scenario(
 ) -> None:
     md = (bench[1] / "results.md").read_text()
     assert "## At a glance" in md
-    assert "## Issue 6 targets (sidecar)" in md
+    assert "targets (sidecar)" not in md
     for scenario in SCENARIOS:
         assert f"(`{scenario}`)" in md
     glance = md.split("## At a glance", 1)[1].split("\n## ", 1)[0]
