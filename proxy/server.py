@@ -34,42 +34,26 @@ async def serve(
 
     `listen`: a worker's (one of `--workers N`) proxy socket, already listening beside its
     siblings'; the admin port is then the supervisor's."""
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+    stop = _stopped_by_signals(stop or asyncio.Event())
     proxy = proxy if proxy is not None else create_app(settings)
     watch = proxy[CONNECTIONS]
     watch.limits = _capped(watch.limits)
-    # aiohttp's default leaves a handler running after its client hangs up, and with it the
-    # generation on the GPU; cancelling it closes the upstream request, and vLLM aborts.
-    runner = web.AppRunner(
-        proxy,
-        handler_cancellation=True,
-        shutdown_timeout=1.0,
-        # aiohttp's own idle limit is an hour; the guard's sweep closes idle connections and
-        # counts them, this is only its backstop.
-        keepalive_timeout=2 * settings.client_idle_timeout + 1,
-        access_log=None,
-        handle_signals=False,
-    )
+    runner = _proxy_runner(proxy, settings)
     admin = web.AppRunner(create_admin_app(proxy), access_log=None, handle_signals=False)
     await runner.setup()
     await admin.setup()
     listener, sweep = None, None
-    admin_host = settings.admin_host or settings.host
     try:
         listener, sweep = await connections.serve_guarded(
             watch, runner.server, settings.host, settings.port, sock=listen
         )
         if listen is None:
-            await web.TCPSite(admin, admin_host, settings.admin_port).start()
+            await web.TCPSite(admin, _admin_host(settings), settings.admin_port).start()
         log.info(
             "vllm-sidecar on %s:%d (admin %s:%d) -> %s",
             settings.host,
             settings.port,
-            admin_host,
+            _admin_host(settings),
             settings.admin_port,
             settings.upstream_url,
         )
@@ -87,6 +71,33 @@ async def serve(
         await admin.cleanup()
     log.info("stopped")
     logs.flush()
+
+
+def _stopped_by_signals(stop: asyncio.Event) -> asyncio.Event:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+def _proxy_runner(proxy: web.Application, settings: Settings) -> web.AppRunner:
+    # aiohttp's default leaves a handler running after its client hangs up, and with it the
+    # generation on the GPU; cancelling it closes the upstream request, and vLLM aborts.
+    return web.AppRunner(
+        proxy,
+        handler_cancellation=True,
+        shutdown_timeout=1.0,
+        # aiohttp's own idle limit is an hour; the guard's sweep closes idle connections and
+        # counts them, this is only its backstop.
+        keepalive_timeout=2 * settings.client_idle_timeout + 1,
+        access_log=None,
+        handle_signals=False,
+    )
+
+
+def _admin_host(settings: Settings) -> str:
+    return settings.admin_host or settings.host
 
 
 def _capped(limits: connections.Limits) -> connections.Limits:
