@@ -146,7 +146,12 @@ def step(scan: Scan, slices: int) -> tuple[bool, ModelField | None]:
 
 def find_model(body: bytes) -> ModelField | None:
     """`scan_model` run to its end at once (for callers off the event loop, and tests)."""
-    scan, slices = scan_model(body), 0
+    return run_to_end(scan_model(body))
+
+
+def run_to_end(scan: Scan) -> ModelField | None:
+    """A scan's answer, its slices run back to back."""
+    slices = 0
     while True:
         done, field = step(scan, slices)
         if done:

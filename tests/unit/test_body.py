@@ -15,6 +15,7 @@ from proxy.body import (
     TooComplex,
     find_model,
     replace_model,
+    run_to_end,
     scan_model,
     scan_model_in_head,
     step,
@@ -24,13 +25,7 @@ from proxy.jsonskip import WINDOW
 
 
 def find_model_in_head(head: bytes) -> ModelField | None:
-    """`scan_model_in_head` run to its end at once."""
-    scan, slices = scan_model_in_head(head), 0
-    while True:
-        done, field = step(scan, slices)
-        if done:
-            return field
-        slices += 1
+    return run_to_end(scan_model_in_head(head))
 
 
 def test_model_first_with_token_ids() -> None:
