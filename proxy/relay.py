@@ -24,11 +24,24 @@ from .upstream import UPSTREAM_ERRORS, classify, read_capped
 # drops mid-body still gets the client a proper 502 envelope instead of a cut body.
 BUFFER_LIMIT = 16 * 1024 * 1024
 
+# A generation answered 200 with no choice at all is never vLLM's (it answers n >= 1 choices or
+# an error); relayed, SkyRL's clients index it and die with an IndexError far from the cause.
+# JSON escapes every quote inside a string, so these bytes can only be the key and its value.
+_GENERATIONS = frozenset(
+    ("/v1/completions", "/v1/chat/completions", "/inference/v1/generate", "/skyrl/v1/generate")
+)
+_NO_CHOICES = (b'"choices":[]', b'"choices": []')
+
 
 async def buffered_reply(
     rec: RequestRecord, resp: aiohttp.ClientResponse, body: bytes | None = None
 ) -> web.Response:
     body = await resp.read() if body is None else body
+    if resp.status == 200 and rec.route in _GENERATIONS and any(n in body for n in _NO_CHOICES):
+        raise UpstreamInvalidResponse(
+            f"The upstream answered 200 for {rec.method} {rec.path} with an empty `choices` "
+            "list: a generation has at least one choice."
+        )
     headers = response_headers(resp.headers, rid=rec.request_id)
     drop(headers, ("Content-Length",))
     rec.status = resp.status

@@ -62,6 +62,31 @@ async def test_not_http_is_502(sidecar: Sidecar, fake: FakeVLLM, reply: bytes) -
     assert failures(sidecar, "upstream_invalid_response", "502") == 1
 
 
+@pytest.mark.parametrize("body", ['{"choices": []}', '{"id":"cmpl-1","choices":[],"usage":{}}'])
+async def test_a_generation_with_no_choices_is_502(
+    sidecar: Sidecar, fake: FakeVLLM, body: str
+) -> None:
+    # Relayed, SkyRL's stock clients index the empty list and die with an IndexError.
+    fake.script("POST /v1/completions", respond(200, body))
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    err = await assert_envelope(resp, 502, "upstream_invalid_response")
+    assert "empty `choices`" in str(err["message"])
+    assert failures(sidecar, "upstream_invalid_response", "502") == 1
+
+
+async def test_choices_that_are_text_or_another_route_pass(
+    sidecar: Sidecar, fake: FakeVLLM
+) -> None:
+    # A prompt about `"choices": []` is escaped inside its string; other routes are not judged.
+    text = json.dumps({"choices": [{"index": 0, "text": '{"choices": []}'}]})
+    fake.script("POST /v1/completions", respond(200, text))
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    assert resp.status == 200
+    assert await resp.text() == text
+    fake.script("POST /v1/embeddings", respond(200, '{"choices": []}'))
+    assert (await sidecar.client.post("/v1/embeddings", json=COMPLETION)).status == 200
+
+
 async def test_html_500_is_enveloped_with_its_text(sidecar: Sidecar, fake: FakeVLLM) -> None:
     fake.script(
         "POST /v1/completions",

@@ -63,7 +63,7 @@ CASES: dict[str, tuple[str, Any, Any, str]] = {
     "empty_choices": (
         *GENERATE,
         respond(200, '{"choices": []}'),
-        "0 choices came back for 1 requested",
+        "empty `choices` list",
     ),
 }
 
@@ -81,7 +81,7 @@ async def test_the_companion_raises_sidecar_error_with_the_upstreams_words(
     await client.teardown()
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c != "empty_choices"])
+@pytest.mark.parametrize("case", list(CASES))
 async def test_the_stock_client_through_the_sidecar_gets_the_upstreams_words(
     case: str, fake: FakeVLLM, sidecar: Sidecar
 ) -> None:
@@ -93,18 +93,6 @@ async def test_the_stock_client_through_the_sidecar_gets_the_upstreams_words(
         await call(client)
     assert words in caught.value.message or "(empty body)" in caught.value.message
     assert len([r for r in fake.requests if r.raw_path == route.split(" ")[1]]) == 1
-    await client.teardown()
-
-
-async def test_the_stock_client_still_indexes_an_empty_choices_list(
-    fake: FakeVLLM, sidecar: Sidecar
-) -> None:
-    # A 200 is relayed as vLLM sent it: only the companion checks the count.
-    route, call, answer, _ = CASES["empty_choices"]
-    fake.scripts[route] = [answer]
-    client = stock(url(sidecar))
-    with pytest.raises(IndexError):
-        await call(client)
     await client.teardown()
 
 
