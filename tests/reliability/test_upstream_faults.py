@@ -102,10 +102,11 @@ async def test_whole_json_without_content_length_is_relayed(
     sidecar: Sidecar, fake: FakeVLLM
 ) -> None:
     head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
-    fake.script("POST /v1/completions", raw(head + b'{"id": "cmpl-1", "choices": []}'))
+    body = b'{"id": "cmpl-1", "choices": [{"index": 0, "text": " t0"}]}'
+    fake.script("POST /v1/completions", raw(head + body))
     resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
     assert resp.status == 200
-    assert await resp.read() == b'{"id": "cmpl-1", "choices": []}'
+    assert await resp.read() == body
     assert requests_total(sidecar, "200") == 1
 
 
