@@ -30,14 +30,23 @@ BUFFER_LIMIT = 16 * 1024 * 1024
 _GENERATIONS = frozenset(
     ("/v1/completions", "/v1/chat/completions", "/inference/v1/generate", "/skyrl/v1/generate")
 )
-_NO_CHOICES = (b'"choices":[]', b'"choices": []')
+_CHOICES_KEY = b'"choices":'
+
+
+def _no_choices(body: bytes) -> bool:
+    """The first `"choices":` key (vLLM writes it before any nested object) holds `[]`."""
+    at = body.find(_CHOICES_KEY)
+    if at < 0:
+        return False
+    value = body[at + len(_CHOICES_KEY) : at + len(_CHOICES_KEY) + 16].lstrip()
+    return value[:1] == b"[" and value[1:].lstrip()[:1] == b"]"
 
 
 async def buffered_reply(
     rec: RequestRecord, resp: aiohttp.ClientResponse, body: bytes | None = None
 ) -> web.Response:
     body = await resp.read() if body is None else body
-    if resp.status == 200 and rec.route in _GENERATIONS and any(n in body for n in _NO_CHOICES):
+    if resp.status == 200 and rec.route in _GENERATIONS and _no_choices(body):
         raise UpstreamInvalidResponse(
             f"The upstream answered 200 for {rec.method} {rec.path} with an empty `choices` "
             "list: a generation has at least one choice."

@@ -62,7 +62,9 @@ async def test_not_http_is_502(sidecar: Sidecar, fake: FakeVLLM, reply: bytes) -
     assert failures(sidecar, "upstream_invalid_response", "502") == 1
 
 
-@pytest.mark.parametrize("body", ['{"choices": []}', '{"id":"cmpl-1","choices":[],"usage":{}}'])
+@pytest.mark.parametrize(
+    "body", ['{"choices": []}', '{"id":"cmpl-1","choices":[],"usage":{}}', '{"choices":[ ]}']
+)
 async def test_a_generation_with_no_choices_is_502(
     sidecar: Sidecar, fake: FakeVLLM, body: str
 ) -> None:
