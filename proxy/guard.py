@@ -45,7 +45,15 @@ class Guard(asyncio.Protocol):
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        return self.inner.eof_received()
+        keep_open = self.inner.eof_received()
+        if self.busy and self.transport is not None:
+            # The client closed its side mid-request (nginx's 499): aiohttp writes no more to a
+            # closing transport, so nobody gets the rest of this answer. Abort, so the handler
+            # and its upstream request (a vLLM generation) end now; a close would first flush
+            # the answer into a window a gone client never opens, for as long as the kernel's
+            # zero-window probes take to draw its reset (tens of seconds) or the send timeout.
+            self.transport.abort()
+        return keep_open
 
     def pause_writing(self) -> None:
         self.paused_since = self.watch.now()

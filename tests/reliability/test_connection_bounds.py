@@ -20,6 +20,7 @@ from tests.fake_vllm import FakeVLLM, Firehose
 from tests.metrics import sample, scrape
 from tests.reliability.conftest import fd_count
 from tests.sidecar import StartSidecar, admin_of
+from tests.support import eventually
 
 MiB = 1 << 20
 FAST = (
@@ -128,6 +129,41 @@ async def test_client_that_does_not_read_is_closed(
                 await asyncio.wait_for(resp.content.read(), 10)
     assert not fire.finished
     assert await closes(proc, "send_timeout") == 1
+
+
+async def test_a_client_that_closes_mid_answer_ends_its_request_at_once(
+    upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
+) -> None:
+    # The default 60 s send timeout: only the client's FIN can end the request in time. The
+    # client reads nothing, so the answer fills the socket; a close that first flushed the
+    # answer would wait on a window a gone client never opens (on loopback, the kernel's
+    # zero-window probes back off to tens of seconds before they draw its reset).
+    proc, url = await start_sidecar(str(upstream.make_url("")))
+    fire = Firehose(total=1 << 40)
+    fake.script("POST /v1/completions", fire.handler())
+    reader, writer = await connect(url)
+    body = b'{"model": "tiny-model", "prompt": "x", "stream": true}'
+    writer.write(HEAD + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+
+    async def stalled() -> bool:
+        before = fire.sent
+        await asyncio.sleep(0.3)
+        return fire.sent == before > 0
+
+    await eventually(stalled, "the sidecar's writes to the client stall")
+    writer.write_eof()  # the client's FIN, as a close sends it
+
+    async def ended() -> bool:
+        metrics = await scrape(admin_of(proc))
+        return sample(metrics, "vllm_sidecar_in_flight_requests", route="/v1/completions") == 0
+
+    await eventually(ended, "the request ends with the client's FIN", within=20)
+    metrics = await scrape(admin_of(proc))
+    assert sample(metrics, "vllm_sidecar_client_disconnects_total", route="/v1/completions") == 1
+    assert await closed_within(reader, 20) is not None
+    writer.close()
+    assert not fire.finished
 
 
 def _soft_limit(pid: int) -> int:
