@@ -439,14 +439,20 @@ def raw(data: bytes) -> Handler:
     return handler
 
 
-def sse_then_drop(events: int, model: str = "tiny-model", delay: float = 0.0) -> Handler:
-    """Start a 200 SSE stream, send `events` events, then drop the connection."""
+def sse_then_drop(
+    events: int, model: str = "tiny-model", delay: float = 0.0, cut: int = 0
+) -> Handler:
+    """Start a 200 SSE stream, send `events` events, then drop the connection; with `cut`,
+    after the first `cut` bytes of one more event (a vLLM killed while writing it)."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
         resp = await start_sse(request)
         for i in range(events):
             await resp.write(sse_chunk(model, i))
             await asyncio.sleep(delay)
+        if cut:
+            await resp.write(sse_chunk(model, events)[:cut])
+            await asyncio.sleep(0.05)  # its own read: the sidecar relays what it has first
         assert request.transport is not None
         request.transport.close()
         await asyncio.sleep(0.05)

@@ -5,10 +5,20 @@ from __future__ import annotations
 import asyncio
 import json
 
+import openai
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from tests.fake_vllm import FakeVLLM, hang, raw, respond, sse_then_drop
+from tests.fake_vllm import (
+    FakeVLLM,
+    hang,
+    raw,
+    respond,
+    sse_chunk,
+    sse_then_drop,
+    start_sse,
+)
 from tests.sidecar import COMPLETION, MakeSidecar, Sidecar, assert_envelope, failures
 from tests.support import eventually, free_port
 
@@ -148,6 +158,66 @@ async def test_stream_dropped_mid_way_ends_with_an_error_event(
     assert error["request_id"] == resp.headers["X-Request-Id"]
     assert sum(1 for e in events if '"text"' in e) == 2
     assert failures(sidecar, "upstream_disconnected", "502") == 1
+
+
+# Where vLLM's third event is cut: its first byte, inside the JSON, all of the `data:` line
+# but its newline, and all but the blank line that would end the event.
+EVENT = sse_chunk("tiny-model", 2)
+
+
+@pytest.mark.parametrize("cut", [1, 40, len(EVENT) - 2, len(EVENT) - 1])
+async def test_a_stream_cut_inside_an_event_drops_the_unended_event(
+    sidecar: Sidecar, fake: FakeVLLM, cut: int
+) -> None:
+    # An unended event is never dispatched (WHATWG HTML 9.2.6); relayed, its half JSON line
+    # would reach the client glued before the error event.
+    fake.script("POST /v1/completions", sse_then_drop(2, cut=cut))
+    resp = await sidecar.client.post("/v1/completions", json={**COMPLETION, "stream": True})
+    events = [e for e in (await resp.text()).split("\n\n") if e.strip()]
+    assert events[-1] == "data: [DONE]"
+    payloads = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    assert [p["choices"][0]["text"] for p in payloads[:-1]] == [" t0", " t1"]
+    assert payloads[-1]["error"]["reason"] == "upstream_disconnected"
+    assert failures(sidecar, "upstream_disconnected", "502") == 1
+
+
+async def test_the_openai_sdk_reads_the_error_of_a_stream_cut_inside_an_event(
+    sidecar: Sidecar, fake: FakeVLLM
+) -> None:
+    fake.script("POST /v1/completions", sse_then_drop(2, cut=40))
+    client = openai.AsyncOpenAI(base_url=str(sidecar.client.make_url("/v1")), api_key="x")
+    stream = await client.completions.create(model="tiny-model", prompt="x", stream=True)
+    texts: list[str] = []
+
+    async def read_all() -> None:
+        async for chunk in stream:
+            texts.append(chunk.choices[0].text)
+
+    with pytest.raises(openai.APIError) as caught:
+        await read_all()
+    await client.close()
+    assert texts == [" t0", " t1"]
+    assert "The upstream connection dropped" in caught.value.message
+
+
+async def test_an_event_split_across_reads_is_relayed_whole(
+    sidecar: Sidecar, fake: FakeVLLM
+) -> None:
+    async def split(request: web.Request) -> web.StreamResponse:
+        resp = await start_sse(request)
+        for i in range(3):
+            event = sse_chunk("tiny-model", i)
+            await resp.write(event[:30])
+            await asyncio.sleep(0.05)
+            await resp.write(event[30:])
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    fake.script("POST /v1/completions", split)
+    resp = await sidecar.client.post("/v1/completions", json={**COMPLETION, "stream": True})
+    expected = b"".join(sse_chunk("tiny-model", i) for i in range(3)) + b"data: [DONE]\n\n"
+    assert await resp.read() == expected
+    assert failures(sidecar, "upstream_disconnected", "502") == 0
 
 
 async def test_stream_read_timeout_ends_with_an_error_event(
