@@ -1,8 +1,10 @@
 """A real vLLM that hangs up, dies, stays down and comes back under another name.
 
-These tests get their own vLLM (the shared one must stay up) that allows 32768 tokens, so that a
-generation lasts long enough to hang up on or kill in the middle. 4096 were not enough on a quiet
-machine: the tiny model sent all of them, [DONE] included, before the kill landed.
+These tests get their own vLLM (the shared one must stay up) that allows 131072 tokens, past the
+tiny model's 32768 positions (VLLM_ALLOW_LONG_MAX_MODEL_LEN), so that a generation lasts minutes
+and a hang-up or a kill always lands in its middle. 4096 were not enough on a quiet machine: the
+tiny model sent all of them, [DONE] included, before the kill landed; 32768 last about a minute,
+which one CI machine finished while its test waited.
 Each test brings vLLM into the state it needs; in file order they cost two vLLM starts: the
 first, and the restart under a new name.
 """
@@ -24,7 +26,7 @@ from ._support import DONE, metric, sse_data
 
 pytestmark = pytest.mark.vllm
 
-LONG_CONTEXT = 32768
+LONG_CONTEXT = 131072
 RENAMED = "tiny-llama-v2"
 
 
@@ -35,6 +37,7 @@ def vllm(tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Ite
         tmp_path_factory.mktemp("vllm-lifecycle"),
         served_model_name=tiny_model.name,
         max_model_len=LONG_CONTEXT,
+        extra_env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
     )
     with running(server):
         yield server
@@ -89,17 +92,14 @@ async def test_client_hang_up_aborts_the_generation_in_vllm(
     assert await vllm_metric(http, vllm_up, "vllm:num_requests_running") == 1
     resp.close()  # hang up: the connection is dropped, not returned to the pool
 
-    async def vllm_idle() -> bool:
-        return await vllm_metric(http, vllm_up, "vllm:num_requests_running") == 0
+    async def sidecar_counted() -> bool:
+        return await metric(http, *disconnects, route="/v1/completions") == hung_up + 1
 
-    await eventually(vllm_idle, "vLLM has no running request", within=60)
-    # Idle, yet the request neither finished nor generated all it was asked for: it was aborted.
-    assert await vllm_metric(http, vllm_up, "vllm:request_success_total") == finished
-    stopped_at = await vllm_metric(http, vllm_up, "vllm:generation_tokens_total") - generated
-    assert 0 < stopped_at < payload["max_tokens"]
+    await eventually(sidecar_counted, "the sidecar counts the client's disconnect", within=60)
 
     async def vllm_logged_abort() -> bool:
-        # vLLM names the request after the X-Request-Id the sidecar sent it.
+        # vLLM names the request after the X-Request-Id the sidecar sent it, and logs
+        # "Request ... aborted." only when the request's generator is cancelled.
         return any(
             f"cmpl-{request_id}" in line and "aborted" in line.lower()
             for line in vllm_up.log_tail(200_000).splitlines()
@@ -107,10 +107,14 @@ async def test_client_hang_up_aborts_the_generation_in_vllm(
 
     await eventually(vllm_logged_abort, "vLLM logs the abort of this very request", within=60)
 
-    async def sidecar_counted() -> bool:
-        return await metric(http, *disconnects, route="/v1/completions") == hung_up + 1
+    async def vllm_idle() -> bool:
+        return await vllm_metric(http, vllm_up, "vllm:num_requests_running") == 0
 
-    await eventually(sidecar_counted, "the sidecar counts the client's disconnect", within=60)
+    await eventually(vllm_idle, "vLLM has no running request", within=60)
+    # Idle, yet the request neither finished nor generated all it was asked for: it was aborted.
+    stopped_at = await vllm_metric(http, vllm_up, "vllm:generation_tokens_total") - generated
+    assert 0 < stopped_at < payload["max_tokens"]
+    assert await vllm_metric(http, vllm_up, "vllm:request_success_total") == finished
 
 
 async def test_vllm_killed_mid_stream_ends_in_an_error_event(
