@@ -17,7 +17,7 @@ from .gate import stream_aborted, version_change
 from .headers import drop, response_headers
 from .metrics import Metrics
 from .record import RequestRecord
-from .sse import ErrorWatcher, is_event_stream
+from .sse import ErrorWatcher, EventFramer, is_event_stream
 from .upstream import UPSTREAM_ERRORS, classify, read_capped
 
 # Non-streamed bodies up to this size are read whole before answering, so that an upstream that
@@ -143,11 +143,6 @@ async def stream_reply(
     return out
 
 
-# The blank lines that end an SSE event (WHATWG HTML, 9.2.6), and the most of one event held:
-# aiohttp's own read buffer is of this order, and a token's event with logprobs is ~1 KiB.
-_BLANK_LINES = (b"\n\n", b"\r\n\r\n", b"\r\r")
-_MAX_HELD = 64 * 1024
-
 _GRACE_OVER = "The sidecar shut down before the stream finished (--shutdown-grace ran out)."
 
 
@@ -163,7 +158,7 @@ class _Stream:
     ) -> None:
         self.out, self.rec, self.metrics, self.watcher = out, rec, metrics, watcher
         self.tail = b"\n\n"
-        self.held = b""  # an SSE event begun but not yet ended by the upstream
+        self.events = EventFramer()  # SSE only: the event the upstream has not ended yet
         self.client_gone = False
 
     async def pump(self, resp: aiohttp.ClientResponse) -> SidecarFailure | None:
@@ -173,39 +168,20 @@ class _Stream:
             try:
                 chunk = await anext(chunks)
             except StopAsyncIteration:
-                if self.held:  # relayed as sent, unended: an SSE client drops such an event
-                    await self.write(self.held)
+                if self.events.held:  # relayed as sent: an SSE client drops an unended event
+                    await self.write(self.events.held)
                 return None
             except UPSTREAM_ERRORS as exc:
                 return classify(exc, where=f"while streaming {self.rec.method} {self.rec.path}")
             if self.watcher is not None:
                 if self.watcher.feed(chunk):
                     self.count_errors()
-                chunk = self.whole_events(chunk)
+                chunk = self.events.whole(chunk)
                 if not chunk:
                     continue
                 self.tail = chunk[-2:]
             if not await self.write(chunk):
                 return None
-
-    def whole_events(self, chunk: bytes) -> bytes:
-        """The events of the stream so far that the upstream has ended; the rest is held.
-
-        An upstream that breaks inside an event would otherwise leave half a `data:` line
-        before the error event: JSON that no client parses (the openai SDK dies on it with a
-        JSONDecodeError instead of reading the error). One event over _MAX_HELD passes as it
-        comes.
-        """
-        data = self.held + chunk if self.held else chunk
-        if data.endswith(b"\n\n"):  # vLLM writes each event whole: the common case
-            self.held = b""
-            return data
-        end = max((at + len(s) for s in _BLANK_LINES if (at := data.rfind(s)) >= 0), default=0)
-        if len(data) - end > _MAX_HELD:
-            self.held = b""
-            return data
-        self.held = data[end:]
-        return data[:end]
 
     # A ConnectionError from any write to the client (the headers, a chunk, the end) means the
     # client left: it is counted as a disconnect, never as the upstream's failure, and no

@@ -1,4 +1,4 @@
-"""Watching a relayed SSE stream for the error events vLLM puts inside a 200 response."""
+"""A relayed SSE stream: the error events vLLM puts inside a 200 response, and event ends."""
 
 from __future__ import annotations
 
@@ -9,6 +9,10 @@ import orjson
 _ERROR_MARK = b'"error"'
 _ABORT_MARK = b'"finish_reason":"abort"'  # vLLM's compact JSON: the engine aborted the request
 _MAX_TAIL = 1 << 20  # an event line longer than this cannot be an error event worth parsing
+# The blank lines that end an event (WHATWG HTML 9.2.6), and the most of one event held: aiohttp's
+# own read buffer is of this order, and a token's event with logprobs is ~1 KiB.
+_BLANK_LINES = (b"\n\n", b"\r\n\r\n", b"\r\r")
+_MAX_HELD = 64 * 1024
 
 
 def is_event_stream(content_type: str | None) -> bool:
@@ -55,3 +59,29 @@ class ErrorWatcher:
             return
         if isinstance(event, dict) and "error" in event:
             self.errors.append(event)
+
+
+class EventFramer:
+    """Cuts a relayed stream at its last event end; the unended rest waits for the next chunk.
+
+    An upstream that breaks inside an event would otherwise leave half a `data:` line before
+    the sidecar's error event: JSON no client parses (the openai SDK dies on it with a
+    JSONDecodeError instead of reading the error). An SSE client drops an unended event, so
+    `held` is dropped on a failure. One event over _MAX_HELD passes as it comes.
+    """
+
+    def __init__(self) -> None:
+        self.held = b""
+
+    def whole(self, chunk: bytes) -> bytes:
+        """The bytes of `chunk` (after those held) up to the last event end."""
+        data = self.held + chunk if self.held else chunk
+        if data.endswith(b"\n\n"):  # vLLM writes each event whole: the common case
+            self.held = b""
+            return data
+        end = max((at + len(s) for s in _BLANK_LINES if (at := data.rfind(s)) >= 0), default=0)
+        if len(data) - end > _MAX_HELD:
+            self.held = b""
+            return data
+        self.held = data[end:]
+        return data[:end]

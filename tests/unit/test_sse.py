@@ -1,4 +1,4 @@
-"""The in-stream error watcher, across arbitrary chunk boundaries."""
+"""The in-stream error watcher and the event framer, across arbitrary chunk boundaries."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.sse import ErrorWatcher, is_event_stream
+from proxy.sse import ErrorWatcher, EventFramer, is_event_stream
 
 STREAM = (
     b'data: {"id":"cmpl-1","choices":[{"index":0,"text":"error"}]}\n\n'
@@ -84,3 +84,24 @@ def test_a_partial_line_is_carried_up_to_one_mib() -> None:
 def test_event_stream_content_type_parameters() -> None:
     assert is_event_stream("Text/Event-Stream ;charset=utf-8; x=y")
     assert not is_event_stream("text/plain; x=text/event-stream")
+
+
+@given(st.lists(st.integers(min_value=1, max_value=len(STREAM) - 1), max_size=6))
+def test_framed_chunks_are_whole_events_and_lose_no_byte(cuts: list[int]) -> None:
+    framer, out = EventFramer(), []
+    bounds = [0, *sorted(set(cuts)), len(STREAM)]
+    for a, b in itertools.pairwise(bounds):
+        relayed = framer.whole(STREAM[a:b])
+        assert not relayed or relayed.endswith(b"\n\n")
+        out.append(relayed)
+    assert b"".join(out) == STREAM
+    assert framer.held == b""
+
+
+def test_crlf_events_are_framed_and_an_oversized_event_passes_as_it_comes() -> None:
+    framer = EventFramer()
+    assert framer.whole(b"data: 1\r\n\r\ndata: 2") == b"data: 1\r\n\r\n"
+    assert framer.held == b"data: 2"
+    huge = b"data: " + b"x" * (64 * 1024 + 1)
+    assert framer.whole(huge) == b"data: 2" + huge
+    assert framer.held == b""
