@@ -164,6 +164,15 @@ class Settings(BaseSettings):
         token = self.control_token.get_secret_value() if self.control_token else ""
         return token.encode() or None
 
+    def for_worker(self) -> dict[str, Any]:
+        """These settings as JSON for a `--workers` process: the token itself (a dump shows a
+        SecretStr as `**********`), and no token file (read once, by the supervisor)."""
+        data = self.model_dump(mode="json", exclude={"control_token_file"})
+        data["control_token"] = (
+            self.control_token.get_secret_value() if self.control_token else None
+        )
+        return data
+
 
 def _one_line(exc: ValidationError) -> str:
     err = exc.errors()[0]

@@ -155,7 +155,7 @@ class Supervisor:
         worker = self.workers[index] = Worker(index, proc, channel)
         channel.send(
             {
-                "settings": self.settings.model_dump(mode="json"),
+                "settings": self.settings.for_worker(),
                 "state": self.discovery.state,
                 **snapshot(self.lifecycle),
             }

@@ -65,14 +65,14 @@ class Pod:
         return None
 
 
-def start_pod(upstream: str, log: Path) -> Pod:
+def start_pod(upstream: str, log: Path, *extra: str) -> Pod:
     port, admin = free_port(), free_port()
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "proxy", "--upstream-url", upstream,
              "--host", "127.0.0.1", "--port", str(port), "--admin-port", str(admin),
              "--health-interval", "0.1", "--miss-refresh-interval", "0", "--workers", "2",
-             "--shutdown-grace", "10"],
+             "--shutdown-grace", "10", *extra],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     return Pod(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}", log)
@@ -84,7 +84,13 @@ def running(pids: list[int]) -> list[int]:
 
 @pytest.fixture
 async def pod(upstream: TestServer, tmp_path: Path) -> AsyncIterator[Pod]:
-    pod = start_pod(str(upstream.make_url("")), tmp_path / "sidecar.log")
+    async with running_pod(upstream, tmp_path) as pod:
+        yield pod
+
+
+@contextlib.asynccontextmanager
+async def running_pod(upstream: TestServer, tmp_path: Path, *extra: str) -> AsyncIterator[Pod]:
+    pod = start_pod(str(upstream.make_url("")), tmp_path / "sidecar.log", *extra)
     proc = pod.proc
     try:
         await wait_http_ok(pod.admin + "/readyz")
@@ -330,3 +336,24 @@ async def eventually_metric(pod: Pod, name: str, value: float, **labels: str) ->
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"{name}{labels} never became {value}")
+
+
+@pytest.mark.parametrize("flag", ["--control-token", "--control-token-file"])
+async def test_every_worker_takes_the_control_token(
+    upstream: TestServer, tmp_path: Path, flag: str
+) -> None:
+    # Workers get their settings from the supervisor; a dump masks a secret as "**********",
+    # and would hand a worker both the token and its file.
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    value = "s3cret" if flag == "--control-token" else str(token_file)
+    async with running_pod(upstream, tmp_path, flag, value) as pod:
+        for _ in range(6):  # connections of their own: both workers answer some
+            ok = await control(
+                pod, "/reset_prefix_cache", headers={"Authorization": "Bearer s3cret"}
+            )
+            masked = await control(
+                pod, "/reset_prefix_cache", headers={"Authorization": "Bearer **********"}
+            )
+            assert (ok.status, masked.status) == (200, 401)
+        assert len(pod.workers()) == 2
