@@ -24,7 +24,7 @@ from yarl import URL
 
 from proxy.skyrl.checks import Answer, check_json_object
 from proxy.skyrl.retry import NEVER, RetryPolicy, retrying
-from proxy.skyrl.shapes import REQUIRED, check_shape
+from proxy.skyrl.shapes import body_required, check_shape
 from proxy.skyrl.transport import CONTROL_TOKEN_ENV, bearer, exchange
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ def _parse(answer: Answer, path: str, request: Any, parse: Parse) -> Any:
     empty = answer.status < 300 and not answer.body.strip()
     if parse == "text" and answer.status < 300:
         return answer.body.decode("utf-8", "replace")
-    if empty and path not in REQUIRED and parse == "json":
+    if empty and parse == "json" and not body_required(path):
         return None  # a control-plane success without a body (the parent reads it as None)
     if parse == "packed" and answer.status < 300:
         try:

@@ -4,12 +4,14 @@ Why the parent's HTTP methods are rewritten rather than wrapped: each of them op
 ``aiohttp.ClientSession`` inline and calls ``resp.json()`` before anything could look at the
 status, so there is no per-instance seam (no session, hook or response parser to hand in). The
 only way to reach those calls would be replacing the ``aiohttp`` global of SkyRL's module, which
-would change every stock engine in the process. So each method below sends exactly the parent's
-request (same route, payload and query) through one checked ``_request``, and keeps the parent's
-results; what the parent's structure does allow is reused as is: its constructor and
-``url``/``model_name``/``tokenizer`` attributes, its ``init_weight_update_communicator``,
-``update_named_weights`` and ``teardown`` (which delegate to the swappable ``_weight_loader``),
-and the base class's ``sample`` (which calls ``generate``).
+would change every stock engine in the process. So each method below sends the parent's request
+(same route and payload) through one checked ``_request``, and keeps the parent's results; two
+differ on purpose: ``sleep`` and ``wake_up`` put ``level``/``mode``/``tags`` in the query, where
+vLLM 0.32 reads them, and control calls carry the control token. What the parent's structure
+does allow is reused as is: its constructor and ``url``/``model_name``/``tokenizer`` attributes,
+its ``init_weight_update_communicator``, ``update_named_weights`` and ``teardown`` (which
+delegate to the swappable ``_weight_loader``), and the base class's ``sample`` (which calls
+``generate``).
 """
 
 from __future__ import annotations

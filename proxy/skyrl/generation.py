@@ -6,7 +6,6 @@ import importlib.util
 from importlib import metadata
 
 ENGINE_MODULE = "skyrl.backends.skyrl_train.inference_engines.remote_inference_engine"
-CLIENT_MODULE = "skyrl.backends.skyrl_train.inference_servers.remote_inference_client"
 # 0.2 has an early RemoteInferenceClient of another shape; 0.4's has this module beside it.
 CLIENT_MARKER = "skyrl.backends.skyrl_train.inference_servers.generate_wire"
 SUPPORTED = (

@@ -18,6 +18,11 @@ REQUIRED = {
 }
 
 
+def body_required(path: str) -> bool:
+    """Whether a success on `path` must carry a body: the client indexes these answers."""
+    return path in REQUIRED or path in GENERATE_PATHS or path in COMPLETION_PATHS
+
+
 def expected_choices(path: str, request: Mapping[str, Any]) -> int | None:
     """How many choices the request asks for: ``n`` per prompt; ``None`` for other routes."""
     if path in GENERATE_PATHS:

@@ -81,6 +81,19 @@ async def test_the_companion_raises_sidecar_error_with_the_upstreams_words(
     await client.teardown()
 
 
+@pytest.mark.parametrize(("route", "call"), [GENERATE, COMPLETION], ids=["generate", "completion"])
+async def test_the_companion_refuses_a_generation_answered_200_without_a_body(
+    route: str, call: Any, fake: FakeVLLM, sidecar: Sidecar
+) -> None:
+    # Only a control-plane success may be empty; the client indexes a generation's choices.
+    fake.scripts[route] = [respond(200, b"")]
+    client = companion(url(sidecar))
+    with pytest.raises(SidecarError) as caught:
+        await call(client)
+    assert "expected a JSON object" in str(caught.value)
+    await client.teardown()
+
+
 @pytest.mark.parametrize("case", list(CASES))
 async def test_the_stock_client_through_the_sidecar_gets_the_upstreams_words(
     case: str, fake: FakeVLLM, sidecar: Sidecar
@@ -91,7 +104,7 @@ async def test_the_stock_client_through_the_sidecar_gets_the_upstreams_words(
     # One answer each: an HTML 502 would otherwise be retried 30 times, a second apart.
     with pytest.raises(aiohttp.ClientResponseError) as caught:
         await call(client)
-    assert words in caught.value.message or "(empty body)" in caught.value.message
+    assert words in caught.value.message
     assert len([r for r in fake.requests if r.raw_path == route.split(" ")[1]]) == 1
     await client.teardown()
 
