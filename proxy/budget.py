@@ -15,7 +15,6 @@ import ctypes
 import ctypes.util
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from .errors import BufferBudgetExhausted
 from .metrics import Metrics
@@ -23,41 +22,30 @@ from .metrics import Metrics
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class Lease:
-    """Bytes taken from the budget; given back once, by `release`."""
-
-    budget: Budget | None
-    size: int
-
-    def release(self) -> None:
-        if self.budget is not None:
-            self.budget.give_back(self.size)
-            self.budget = None
+# A body this large or larger is a burst worth trimming the heap after (map_large_buffers's
+# threshold): small bodies leave nothing a trim would give back, and a trim walks the whole heap.
+LARGE = 1 << 20
 
 
 class Budget:
     def __init__(self, limit: int, metrics: Metrics) -> None:
         self.limit, self.metrics = limit, metrics
         self.used = 0
+        self.large_freed = False  # since the last trim
         self.trim = _malloc_trim()
 
-    def take(self, size: int) -> Lease | None:
-        """`size` bytes, or None when they would pass the limit."""
+    def held(self, size: int) -> bool:
+        """Take `size` bytes until the current request's task ends, its answer written out;
+        False when they would pass the limit."""
+        task = asyncio.current_task()
+        if task is None:
+            return False
         if self.used + size > self.limit:
             self.metrics.budget_refusals.inc()
-            return None
+            return False
         self.used += size
         self.metrics.buffered_bytes.set(self.used)
-        return Lease(self, size)
-
-    def held(self, size: int) -> bool:
-        """Take `size` bytes until the current request's task ends, its answer written out."""
-        lease = self.take(size)
-        task = asyncio.current_task()
-        if lease is None or task is None:
-            return False
-        task.add_done_callback(lambda _: lease.release())
+        task.add_done_callback(lambda _: self.give_back(size))
         return True
 
     def hold(self, size: int) -> None:
@@ -72,9 +60,11 @@ class Budget:
     def give_back(self, size: int) -> None:
         self.used -= size
         self.metrics.buffered_bytes.set(self.used)
-        if not self.used and self.trim is not None:
+        self.large_freed = self.large_freed or size >= LARGE
+        if not self.used and self.large_freed and self.trim is not None:
             # A burst of large bodies is over: hand the heap's free pages back to the kernel
             # (the pieces of streamed chunks between them would keep RSS up otherwise).
+            self.large_freed = False
             self.trim()
 
 
