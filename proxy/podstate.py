@@ -116,11 +116,10 @@ class PodDiscovery(Discovery):
         finally:
             self._changed()
 
-    async def check_health(self) -> bool:
-        try:
-            return await super().check_health()
-        finally:
-            self._changed()
+    def _set_health(self, ok: bool, error: str) -> None:
+        # Where health changes, also when a check itself failed (discovery's guarded loop).
+        super()._set_health(ok, error)
+        self._changed()
 
     def readiness(self, *, draining: bool = False) -> tuple[bool, dict[str, Any]]:
         ready, detail = super().readiness(draining=draining)

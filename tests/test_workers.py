@@ -22,7 +22,7 @@ from aiohttp.test_utils import TestServer
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.fake_vllm import FakeVLLM
+from tests.fake_vllm import FakeVLLM, hang
 from tests.support import eventually, free_port, wait_http_ok
 
 COMPLETIONS = ("vllm_sidecar_requests_total", "POST", "/v1/completions", "200")
@@ -357,3 +357,15 @@ async def test_every_worker_takes_the_control_token(
             )
             assert (ok.status, masked.status) == (200, 401)
         assert len(pod.workers()) == 2
+
+
+async def test_a_health_check_that_hangs_turns_every_worker_down(pod: Pod, fake: FakeVLLM) -> None:
+    # The supervisor checks; each worker reports what it was told, and the pod's gauge is the
+    # highest of all processes': every one of them must have heard of the failure.
+    assert await pod.metric("vllm_sidecar_upstream_up") == 1
+    fake.script("GET /health", hang(), times=1000)
+
+    async def down() -> bool:
+        return await pod.metric("vllm_sidecar_upstream_up") == 0
+
+    await eventually(down, "the pod's upstream_up falls to 0", within=20)
