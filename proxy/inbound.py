@@ -96,6 +96,8 @@ async def read_request(
         if length is not None and length <= limit:
             request.app[BUDGET].hold(length)
         body = await read_body(request, limit)
+        if length is None:  # chunked: its size is known only now, and counts as any other
+            request.app[BUDGET].hold(len(body))
         field = await _locate(scan_model(body)) if body and json_body else None
         return _outgoing(await _resolved(body, field, rec, discovery, metrics))
     try:
