@@ -41,7 +41,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
     except asyncio.CancelledError:
         # The client hung up (handler cancellation), or the shutdown grace period ran out.
         if request.app[IN_FLIGHT].draining:
-            if rec.status == 0 and (task := asyncio.current_task()) is not None:
+            if rec.status == 0 and task is not None:
                 task.uncancel()  # nothing sent yet: the client still gets its envelope
                 table = request.app[DISCOVERY].table
                 return failure_response(rec, ShuttingDown(_CUT), metrics, table)

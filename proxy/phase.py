@@ -9,8 +9,6 @@ from dataclasses import dataclass, field, replace
 
 SERVING, PAUSED, SLEEPING, WEIGHT_SYNC = "serving", "paused", "sleeping", "weight_sync"
 PHASES = (SERVING, PAUSED, SLEEPING, WEIGHT_SYNC)
-# The envelope reason a request refused in each non-serving phase gets.
-REASONS = {PAUSED: "engine_paused", SLEEPING: "engine_sleeping", WEIGHT_SYNC: "weight_sync"}
 
 _SYNC_START = frozenset(("/start_weight_update", "/start_draft_weight_update"))
 _SYNC_END = frozenset(("/finish_weight_update",))

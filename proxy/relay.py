@@ -212,7 +212,8 @@ class _Stream:
         return False
 
     async def end_with(self, failure: SidecarFailure, info: ModelInfo | None) -> None:
-        """One SSE error event and [DONE], after whatever event the upstream left unfinished."""
+        """One SSE error event and [DONE]. The event the upstream left unended is not sent (the
+        framer holds it); only one over 64 KiB may have gone out half, and is ended first."""
         sep = b"" if self.tail.endswith(b"\n\n") else b"\n\n"
         if await self.write(sep + sse_error(self.rec, failure, info)):
             await self.finish()
