@@ -17,19 +17,15 @@ class DevVllm(VllmServer):
     /inference/v1/generate with 403. (Sleep works on CPU without `--enable-sleep-mode`,
     which the CPU platform refuses.)"""
 
-    hf_path = ""
-
-    def _env(self) -> dict[str, str]:
-        return {**super()._env(), "VLLM_SERVER_DEV_MODE": "1"}
-
-    # VllmServer.start builds its argv inline; the flag is added as it is set.
-    @property  # type: ignore[override]
-    def argv(self) -> list[str]:
-        return self._argv
-
-    @argv.setter
-    def argv(self, value: list[str]) -> None:
-        self._argv = [*value, "--enable-scale-out"] if value else []
+    def __init__(self, model: TinyModel, run_dir: Path) -> None:
+        super().__init__(
+            model.path,
+            run_dir,
+            served_model_name=model.name,
+            extra_args=("--enable-scale-out",),
+            extra_env={"VLLM_SERVER_DEV_MODE": "1"},
+        )
+        self.hf_path = model.hf_path
 
 
 @contextmanager
@@ -43,7 +39,6 @@ def dev_vllm(run_dir: Path) -> Iterator[DevVllm]:
         timeout=600,
     )
     model = TinyModel(Path(done.stdout.strip().splitlines()[-1]))
-    server = DevVllm(model.path, run_dir, served_model_name=model.name)
-    server.hf_path = model.hf_path
+    server = DevVllm(model, run_dir)
     with running(server):
         yield server

@@ -28,7 +28,7 @@ async def front(vllm: DevVllm, make_sidecar: MakeSidecar) -> Sidecar:
 
 @pytest.fixture
 async def client(vllm: DevVllm, front: Sidecar) -> AsyncIterator[SidecarInferenceClient]:
-    c = companion(url(front), model=vllm.hf_path)  # type: ignore[attr-defined]
+    c = companion(url(front), model=vllm.hf_path)
     yield c
     await c.teardown()
 
@@ -66,7 +66,7 @@ async def test_control_plane_round_trip(client: SidecarInferenceClient) -> None:
 
 
 async def test_the_stock_client_works_through_the_sidecar(vllm: DevVllm, front: Sidecar) -> None:
-    c = stock(url(front), model=vllm.hf_path)  # type: ignore[attr-defined]
+    c = stock(url(front), model=vllm.hf_path)
     out = await c.generate({"prompt_token_ids": [[1, 2, 3]], "sampling_params": {"max_tokens": 2}})
     assert len(out["response_ids"][0]) == 2
     assert await c.get_world_size() == (1, 1)
