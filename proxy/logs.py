@@ -17,7 +17,6 @@ import orjson
 # would otherwise be a log line of megabytes.
 FIELD_CHARS = 256
 _QUOTED = ' "\\'  # printable, but a field with them is quoted (the space) or escaped
-_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", '"': '\\"', "\\": "\\\\"}
 
 
 def capped(value: str, limit: int = FIELD_CHARS) -> str:
@@ -25,13 +24,8 @@ def capped(value: str, limit: int = FIELD_CHARS) -> str:
 
 
 def _escape(c: str) -> str:
-    if c == " ":
-        return c
-    if c in _ESCAPES:
-        return _ESCAPES[c]
-    if ord(c) < 0x100:
-        return f"\\x{ord(c):02x}"
-    return f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}"
+    # Python's own escapes (\n, \x00, \u2028, \\); a quote is escaped too, a space kept.
+    return c if c == " " else '\\"' if c == '"' else c.encode("unicode_escape").decode()
 
 
 def text_field(value: object) -> str:
