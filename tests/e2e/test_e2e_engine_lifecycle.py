@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
 from tests.processes import running
@@ -200,8 +201,10 @@ async def test_the_weight_version_changes_across_finish_weight_update(
     version = (await engine(http, guarded))["weight_version"]
     url = f"{guarded.admin_url}/metrics"
     updates = await metric(http, url, "vllm_sidecar_weight_updates_total")
-    # A stream frozen by a `keep` pause straddles the update.
-    payload = completion(tiny_model, max_tokens=4000, ignore_eos=True, stream=True)
+    # A stream frozen by a `keep` pause straddles the update, then an `abort` pause ends it. It
+    # is too long to end on its own: a short one could finish before the first pause lands, and
+    # resuming it would stream at full speed, which stalls vLLM's API server on CPU for seconds.
+    payload = completion(tiny_model, max_tokens=LONG_CONTEXT - 8, ignore_eos=True, stream=True)
     async with http.post(f"{guarded.url}/v1/completions", json=payload) as resp:
         assert resp.headers["X-Weight-Version"] == version
         await sse_data(resp, limit=2)
@@ -210,8 +213,11 @@ async def test_the_weight_version_changes_across_finish_weight_update(
         assert await phase_gauge(http, guarded) == "weight_sync"
         await control(http, guarded, "/finish_weight_update", json={"weight_version": "e2e-2"})
         assert await phase_gauge(http, guarded) == "paused"
-        await control(http, guarded, "/resume")
+        await control(http, guarded, "/pause?mode=abort")
         text = await resp.text()
+    await control(http, guarded, "/resume")
+    last = orjson.loads(text.rsplit("data: [DONE]", 1)[0].rsplit("data: ", 1)[1])
+    assert last["choices"][0]["finish_reason"] == "abort"  # it ran across the whole update
     assert text.endswith(
         f'data: [DONE]\n\nevent: weight_version\ndata: {{"weight_version":"e2e-2",'
         f'"previous":"{version}"}}\n\n'
