@@ -14,6 +14,7 @@ import contextlib
 import itertools
 import logging
 import socket
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -137,7 +138,6 @@ class FollowerDiscovery(Discovery):
     def __init__(self, settings: Settings, metrics: Metrics, base: URL, channel: Channel) -> None:
         super().__init__(settings, metrics, base)
         self._channel = channel
-        self._asking: asyncio.Task[bool] | None = None
 
     def apply(self, state: Message) -> None:
         self.table = self._table([ServedModel(i, r) for i, r in state["served"]])
@@ -145,20 +145,14 @@ class FollowerDiscovery(Discovery):
         self.healthy, self.last_error = state["healthy"], state["last_error"]
         self._metrics.upstream_up.set(1 if self.healthy else 0)
 
-    async def refresh(self) -> bool:
-        """Ask the supervisor to re-read the served list (rate-limited pod-wide), and wait."""
-        within = max(self._settings.connect_timeout, 5.0)
-        reply = await self._channel.ask({"miss": True}, within=within)
-        if reply is None:
+    async def _read_models(self) -> bool:
+        """Ask the supervisor to re-read the served list (rate-limited pod-wide), and wait: its
+        answer carries the state, applied by `worker.follow` before this returns. `refresh` and
+        `refresh_on_miss` are Discovery's, single-flight as in one process."""
+        self._last_refresh = time.monotonic()
+        if await self._channel.ask({"miss": True}, within=self._seconds()) is None:
             log.warning("the supervisor did not answer a refresh request in time")
         return self.models_known
-
-    async def refresh_on_miss(self) -> None:
-        if self.fixed:
-            return
-        if self._asking is None or self._asking.done():
-            self._asking = asyncio.create_task(self.refresh())
-        await asyncio.shield(self._asking)
 
     @contextlib.asynccontextmanager
     async def running(self, session: aiohttp.ClientSession) -> AsyncIterator[None]:
