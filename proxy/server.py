@@ -49,15 +49,8 @@ async def serve(
         )
         if listen is None:
             await web.TCPSite(admin, _admin_host(settings), settings.admin_port).start()
-        log.info(
-            "vllm-sidecar on %s:%d (admin %s:%d) -> %s",
-            settings.host,
-            settings.port,
-            _admin_host(settings),
-            settings.admin_port,
-            settings.upstream_url,
-        )
-        await _flushing_logs_until(stop)
+        _announce(settings)
+        await flushing_logs_until(stop)
         log.info("stopping: draining in-flight requests for up to %gs", settings.shutdown_grace)
         listener.close()  # refuse new connections; readiness reports draining
         watch.start_draining()
@@ -100,6 +93,17 @@ def _admin_host(settings: Settings) -> str:
     return settings.admin_host or settings.host
 
 
+def _announce(settings: Settings) -> None:
+    log.info(
+        "vllm-sidecar on %s:%d (admin %s:%d) -> %s",
+        settings.host,
+        settings.port,
+        _admin_host(settings),
+        settings.admin_port,
+        settings.upstream_url,
+    )
+
+
 def _capped(limits: connections.Limits) -> connections.Limits:
     """The connection limit within what the process's descriptors allow, raised first."""
     fds = connections.raise_fd_limit()
@@ -114,7 +118,7 @@ def _capped(limits: connections.Limits) -> connections.Limits:
     return dataclasses.replace(limits, max_connections=cap)
 
 
-async def _flushing_logs_until(stop: asyncio.Event, interval: float = 0.5) -> None:
+async def flushing_logs_until(stop: asyncio.Event, interval: float = 0.5) -> None:
     """Wait for `stop`, writing buffered log lines out every `interval` seconds meanwhile."""
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):

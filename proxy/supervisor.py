@@ -27,7 +27,7 @@ from .metrics import EngineMetrics, Metrics, WorkerMetrics
 from .multiproc import pod_registry, process_gone
 from .podlifecycle import PodLifecycle, snapshot
 from .podstate import Channel, Message, PodDiscovery
-from .server import _flushing_logs_until
+from .server import flushing_logs_until
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ class Supervisor:
                 self.settings.admin_port,
                 self.settings.upstream_url,
             )
-            await _flushing_logs_until(stop)
+            await flushing_logs_until(stop)
             await self._drain()
         finally:
             await admin.cleanup()
