@@ -28,6 +28,7 @@ from .keys import (
 )
 from .lifecycle import Lifecycle
 from .metrics import Metrics
+from .phase import SERVING
 from .reconcile import reconciling
 from .settings import Settings
 from .upstream import make_session
@@ -78,12 +79,14 @@ def create_app(
         _limits(settings), metrics, in_flight, on_quiet=budget.trim
     )
     app.middlewares.append(connections.middleware(watch))
-    app[LIFECYCLE] = lifecycle(
+    app[LIFECYCLE] = engine = lifecycle(
         metrics.engine,
         hold_timeout=settings.phase_hold_timeout,
         hold_queue=settings.phase_hold_queue,
         token=settings.control_secret(),
+        long_after=settings.phase_long_after,
     )
+    app[DISCOVERY].patient = lambda: engine.phase != SERVING or engine.calls > 0
     app.on_response_prepare.append(stamp)
     app.cleanup_ctx.append(_upstream_ctx)
     # `[\s\S]`, not `.`: a path with an encoded newline (`%0A`) is a path too.

@@ -40,6 +40,10 @@ class Discovery:
         self._refreshing: asyncio.Task[bool] | None = None
         self._last_refresh = -float("inf")
         self._reads = self._applied = 0  # reads of /v1/models started; the one the table is from
+        # True while a slow /health is expected (a pause, sleep or weight sync, or a control call
+        # in flight): the app's lifecycle says. A timeout then is no outage: vLLM's API server
+        # answers slowly while it takes in weights, and readiness must not drop for it.
+        self.patient: Callable[[], bool] = lambda: False
         metrics.upstream_up.set(0)
 
     def _table(self, served: Sequence[ServedModel]) -> ModelTable:
@@ -117,6 +121,9 @@ class Discovery:
                 await resp.read()
                 ok, error = resp.status == 200, f"/health answered {resp.status}"
         except UPSTREAM_ERRORS as exc:
+            if isinstance(exc, asyncio.TimeoutError) and self.healthy and self.patient():
+                log.info("/health is slow while the engine is busy; still taken as healthy")
+                return True
             ok, error = False, f"/health failed: {exc or type(exc).__name__}"
         self._set_health(ok, error)
         return ok

@@ -25,7 +25,14 @@ def clean_version(value: object) -> str:
 
 
 class ProbeFailed(Exception):
-    """vLLM could not be asked (down, restarting, or too slow)."""
+    """vLLM could not be asked: down or restarting, or (`timed_out`) only too slow to answer.
+
+    Only the first is a sign of a restart: vLLM's API server answers slowly while it takes
+    in new weights, and a sync taken for a restart would release held requests into it."""
+
+    def __init__(self, message: str, *, timed_out: bool) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 class Probe:
@@ -40,17 +47,25 @@ class Probe:
         """The value of `key` in the route's JSON answer; None when vLLM lacks the route
         (no dev mode: VLLM_SERVER_DEV_MODE unset) or answers something else."""
         try:
-            async with self._session.get(target(self._base, path), timeout=self._timeout) as resp:
-                raw = await resp.read()
+            raw, status = await self._read(path)
         except UPSTREAM_ERRORS as exc:
-            raise ProbeFailed(f"GET {path}: {exc or type(exc).__name__}") from exc
-        if resp.status != 200:
+            slow = isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError)
+            message = f"GET {path}: {exc or type(exc).__name__}"
+            raise ProbeFailed(message, timed_out=slow) from exc
+        if status != 200:
             return None
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
             return None
         return body.get(key) if isinstance(body, dict) else None
+
+    async def _read(self, path: str) -> tuple[bytes, int]:
+        # A pooled connection vLLM closed as it was reused is no outage: aiohttp asks again
+        # on a new one by itself (a GET is idempotent).
+        url = target(self._base, path)
+        async with self._session.get(url, timeout=self._timeout) as resp:
+            return await resp.read(), resp.status
 
     async def busy(self) -> bool | None:
         """True when vLLM says it is paused or asleep, False when neither, None when unknown."""

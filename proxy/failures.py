@@ -66,9 +66,11 @@ async def error_reply(
     metrics: Metrics,
     discovery: Discovery,
     limit: int,
+    read: bytes = b"",
 ) -> web.Response:
-    """An upstream 4xx/5xx: its status kept, its body parsed and attached to the envelope."""
-    raw, truncated = await read_capped(resp, limit)
+    """An upstream 4xx/5xx: its status kept, its body parsed and attached to the envelope.
+    `read`: the whole body, where it was read already."""
+    raw, truncated = (read[:limit], len(read) > limit) if read else await read_capped(resp, limit)
     if resp.status == 404 and rec.resolved is not None:
         # vLLM no longer serves the name we resolved to (restarted under another name, adapter
         # unloaded): re-read the list now rather than at the next scheduled discovery.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import aiohttp
@@ -10,12 +11,19 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from . import headers as hdrs
-from .errors import InvalidRequest, ShuttingDown, SidecarFailure, UpstreamInvalidResponse
+from .errors import (
+    InvalidRequest,
+    ShuttingDown,
+    SidecarFailure,
+    UpstreamInvalidResponse,
+    UpstreamTimeout,
+)
 from .failures import error_reply, failure_response, unexpected
-from .gate import passage, upstream_started
+from .gate import held_again, named_version, passage, resendable, upstream_started
 from .inbound import StreamedBody, read_request
 from .keys import BUDGET, DISCOVERY, IN_FLIGHT, METRICS, SESSION, SETTINGS, UPSTREAM
 from .record import CLIENT_CLOSED, RequestRecord
+from .rejection import MAX_PEEK, PEEK_SECONDS, first_event_end, rejected_body, rejected_stream
 from .relay import (
     BUFFER_LIMIT,
     buffered_reply,
@@ -65,8 +73,9 @@ async def _respond(request: web.Request, rec: RequestRecord) -> web.StreamRespon
             raise ShuttingDown(_REFUSED)
         _check_target(request)
         limit = app[SETTINGS].max_body_bytes
-        async with passage(request, rec):  # engine lifecycle: hold, token, phase
-            body = await read_request(request, rec, discovery, metrics, limit)
+        lifecycle = passage(request, rec)  # engine lifecycle: the token, a hold deadline
+        body = await read_request(request, rec, discovery, metrics, limit)
+        async with lifecycle:  # a data request's hold; the phase a control call enters
             return await _call_upstream(request, rec, body)
     except SidecarFailure as failure:
         return failure_response(rec, failure, metrics, discovery.table)
@@ -97,8 +106,30 @@ def _check_target(request: web.Request) -> None:
 async def _call_upstream(
     request: web.Request, rec: RequestRecord, body: bytes | StreamedBody
 ) -> web.StreamResponse:
-    app = request.app
     headers = _upstream_headers(request, rec)
+    if isinstance(body, bytes) and (named := named_version(request, body)) is not None:
+        body = named
+        headers["Content-Type"] = "application/json"
+    if rec.route == "/health" and request.method in ("GET", "HEAD"):
+        return await _health(request, rec, headers)
+    # A data-plane request vLLM 0.33 rejected as paused did not run: it is held and sent again.
+    again = resendable(request) and (isinstance(body, bytes) or body.rest is None)
+    attempt = 0
+    while (answer := await _send(request, rec, body, headers, again)) is None:
+        await held_again(request, rec, attempt)
+        attempt += 1
+    return answer
+
+
+async def _send(
+    request: web.Request,
+    rec: RequestRecord,
+    body: bytes | StreamedBody,
+    headers: CIMultiDict[str],
+    again: bool,
+) -> web.StreamResponse | None:
+    """One upstream call and its relayed answer; None when vLLM rejected it as paused."""
+    app = request.app
     sent = time.perf_counter()
     try:
         async with app[SESSION].request(
@@ -110,8 +141,13 @@ async def _call_upstream(
         ) as resp:
             app[METRICS].ttfb.labels(rec.route).observe(time.perf_counter() - sent)
             upstream_started(request, resp)  # engine lifecycle: a stream a phase may stall
+            first = b""
+            if again:
+                first, rejected = await _peek(resp)
+                if rejected:
+                    return None
             try:
-                return await _relay(request, rec, resp)
+                return await _relay(request, rec, resp, first)
             finally:
                 rec.upstream_time = time.perf_counter() - sent
     except UPSTREAM_ERRORS as exc:
@@ -120,6 +156,56 @@ async def _call_upstream(
             # not to blame, and nobody is left to answer.
             rec.client_left(app[METRICS])
             return web.Response()
+        raise classify(exc, where=f"for {rec.method} {rec.path}") from exc
+
+
+async def _peek(resp: aiohttp.ClientResponse) -> tuple[bytes, bool]:
+    """The bytes read to tell whether vLLM rejected the request as paused, and whether it did:
+    a small 503's body, or a stream's first event."""
+    if resp.status == 503 and (resp.content_length or MAX_PEEK + 1) <= MAX_PEEK:
+        body = await resp.read()
+        return body, rejected_body(resp.status, body)
+    if resp.status != 200 or not is_event_stream(resp.headers.get("Content-Type")):
+        return b"", False
+    head = b""
+    # A rejection comes at once; a first token may take long (a long prompt): past a second
+    # the stream is relayed as any other, its headers and every event as they come.
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(PEEK_SECONDS):
+            while first_event_end(head) < 0 and len(head) <= MAX_PEEK:
+                chunk = await resp.content.readany()
+                if not chunk:
+                    break
+                head += chunk
+    return head, rejected_stream(head)
+
+
+# A health check is answered within this, whatever vLLM's API server is busy with: vllm-router
+# and Kubernetes give up on a slow answer and take the engine out of rotation.
+HEALTH_PROMPT = 2.0
+
+
+async def _health(
+    request: web.Request, rec: RequestRecord, headers: CIMultiDict[str]
+) -> web.StreamResponse:
+    """vLLM's /health, relayed; when it is slow to answer (its API server is busy taking in
+    weights) and the sidecar's own last check found it healthy, the sidecar answers 200 for it
+    (`X-Sidecar-Health: cached`) rather than let a router eject a busy engine."""
+    app = request.app
+    url = target(app[UPSTREAM], _origin_form(request))
+    try:
+        async with asyncio.timeout(HEALTH_PROMPT):
+            async with app[SESSION].request(request.method, url, headers=headers) as resp:
+                await resp.read()
+                return await _relay(request, rec, resp)
+    except TimeoutError:
+        if not app[DISCOVERY].healthy:
+            raise UpstreamTimeout(
+                f"vLLM did not answer {rec.method} /health within {HEALTH_PROMPT:g}s, and its"
+                " last health check failed."
+            ) from None
+        return web.Response(headers={"X-Sidecar-Health": "cached"})
+    except UPSTREAM_ERRORS as exc:
         raise classify(exc, where=f"for {rec.method} {rec.path}") from exc
 
 
@@ -142,7 +228,7 @@ def _payload(request: web.Request, body: bytes | StreamedBody, headers: CIMultiD
 
 
 async def _relay(
-    request: web.Request, rec: RequestRecord, resp: aiohttp.ClientResponse
+    request: web.Request, rec: RequestRecord, resp: aiohttp.ClientResponse, first: bytes = b""
 ) -> web.StreamResponse:
     """The upstream's answer, relayed the way its kind needs."""
     app = request.app
@@ -153,12 +239,13 @@ async def _relay(
             "asked for no protocol switch."
         )
     if resp.status >= 400:
-        return await error_reply(rec, resp, metrics, discovery, app[SETTINGS].error_body_bytes)
+        limit = app[SETTINGS].error_body_bytes
+        return await error_reply(rec, resp, metrics, discovery, limit, first)
     length = resp.content_length
     sse = is_event_stream(resp.headers.get("Content-Type"))
     # Read whole only within the memory budget; past it the answer streams, with backpressure.
     if not sse and length is not None and length <= BUFFER_LIMIT and app[BUDGET].held(length):
-        return await buffered_reply(rec, resp)
+        return await buffered_reply(rec, resp, first or None)
     if unframed_json(resp) or chunked_json_read(resp):
         return await checked_json_reply(rec, resp)
-    return await stream_reply(request, rec, resp, metrics, discovery, app[IN_FLIGHT])
+    return await stream_reply(request, rec, resp, metrics, discovery, app[IN_FLIGHT], first)

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import aiohttp
 import orjson
 from aiohttp import web
 
 from .control import plane
-from .errors import PhaseRefusal, Unauthorized
+from .errors import InvalidRequest, PhaseRefusal, Unauthorized
 from .keys import LIFECYCLE
 from .lifecycle import Lifecycle
-from .phase import SERVING
+from .phase import SERVING, next_version
 from .record import RequestRecord
 from .routes import CONTROL, DATA, normalized, route_label
 from .sse import is_event_stream
@@ -23,6 +23,8 @@ WEIGHT_VERSION = "X-Weight-Version"
 # The version at the end, when it differs from the one the answer started with.
 WEIGHT_VERSION_END = "X-Weight-Version-End"
 _ABORT = b'"finish_reason":"abort"'  # vLLM's compact JSON, in bodies and SSE events alike
+# A client's own deadline for waiting out a phase, in seconds (0: refuse at once).
+HOLD_TIMEOUT = "X-Sidecar-Hold-Timeout"
 
 
 @dataclass(slots=True, eq=False)
@@ -33,6 +35,9 @@ class Passage:
     version: str | None = None
     retry_after: int | None = None
     unauthorized: bool = False
+    named: str | None = None  # the version the sidecar gave a finished update that named none
+    deadline: float | None = None  # the client's own hold deadline (X-Sidecar-Hold-Timeout)
+    since: float = field(default_factory=time.monotonic)
 
 
 PASSAGE = web.RequestKey("passage", Passage)
@@ -44,29 +49,58 @@ _UNTOUCHED = contextlib.nullcontext()  # reads, health, tokenize: the lifecycle 
 def passage(
     request: web.Request, rec: RequestRecord
 ) -> contextlib.AbstractAsyncContextManager[None]:
-    """Around a request's forwarding: hold a data-plane one while the engine does not serve;
-    check a control-plane one's token, and track the phase it enters and leaves."""
+    """What the lifecycle does around a request's upstream call, judged before its body is
+    read: a control-plane call's token is checked now, and the phase it enters is entered only
+    once its body is complete and it goes upstream; a data-plane request is held while the
+    engine does not serve (after its body was read: a bad body gets its 400 at once)."""
     kind = plane(request.method, request.path)
     if kind is None:
         return _UNTOUCHED
     lifecycle = request.app[LIFECYCLE]
     mark = request[PASSAGE] = Passage(kind, lifecycle.version)
     if kind == CONTROL:
-        return _control(request, rec, lifecycle, mark)
+        try:
+            lifecycle.authorize(request.headers.get("Authorization"))
+        except Unauthorized:
+            mark.unauthorized = True
+            raise
+        return lifecycle.control_call(normalized(request.path), rec, request.query_string)
+    mark.deadline = _asked_deadline(request)
     return _Data(rec, lifecycle, mark)
 
 
-@contextlib.asynccontextmanager
-async def _control(
-    request: web.Request, rec: RequestRecord, lifecycle: Lifecycle, mark: Passage
-) -> AsyncIterator[None]:
+def _asked_deadline(request: web.Request) -> float | None:
+    value = request.headers.get(HOLD_TIMEOUT)
+    if value is None:
+        return None
     try:
-        lifecycle.authorize(request.headers.get("Authorization"))
-    except Unauthorized:
-        mark.unauthorized = True
-        raise
-    async with lifecycle.control_call(normalized(request.path), rec, request.query_string):
-        yield
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise InvalidRequest(
+            f"{HOLD_TIMEOUT} must be a number of seconds, 0 or more; got `{value[:50]}`."
+        )
+    return seconds
+
+
+def named_version(request: web.Request, body: bytes) -> bytes | None:
+    """A /finish_weight_update that names no `weight_version` (SkyRL 0.4 names none): the
+    body that names the next one (`default` -> `default+1` -> `default+2`), so that vLLM's own
+    version, its per-token spans and every answer's X-Weight-Version tell the updates apart.
+    None when the body is left as it is: it names one, or is not a JSON object."""
+    mark = request.get(PASSAGE)
+    if mark is None or normalized(request.path) != "/finish_weight_update":
+        return None
+    current = request.app[LIFECYCLE].version
+    try:
+        payload = orjson.loads(body) if body.strip() else {}
+    except orjson.JSONDecodeError:
+        return None
+    if current is None or not isinstance(payload, dict) or payload.get("weight_version"):
+        return None
+    mark.named = payload["weight_version"] = next_version(current)
+    return orjson.dumps(payload)
 
 
 class _Data:
@@ -80,7 +114,7 @@ class _Data:
 
     async def __aenter__(self) -> None:
         try:
-            await self.lifecycle.admit(self.rec)
+            await self.lifecycle.admit(self.rec, self.mark.deadline)
         except PhaseRefusal as refusal:
             self.mark.retry_after = refusal.retry_after
             raise
@@ -90,6 +124,27 @@ class _Data:
     async def __aexit__(self, *exc_info: object) -> None:
         self.lifecycle.running -= 1
         self.lifecycle.stalls.discard(self.mark)
+
+
+def resendable(request: web.Request) -> bool:
+    """A data-plane request: one vLLM rejects as paused (0.33) is sent again."""
+    mark = request.get(PASSAGE)
+    return mark is not None and mark.plane == DATA
+
+
+async def held_again(request: web.Request, rec: RequestRecord, attempt: int) -> None:
+    """vLLM rejected the request as paused: wait for the pause to end (the sidecar's phase,
+    or vLLM's flags, or a short backoff when it was made around the sidecar), then pass the
+    hold again. A deadline the client asked for counts from its first hold."""
+    mark = request[PASSAGE]
+    lifecycle = request.app[LIFECYCLE]
+    left = None if mark.deadline is None else mark.deadline - (time.monotonic() - mark.since)
+    try:
+        await lifecycle.after_rejection(rec, attempt, None if left is None else max(left, 0.0))
+    except PhaseRefusal as refusal:
+        mark.retry_after = refusal.retry_after
+        raise
+    mark.version = lifecycle.version
 
 
 def upstream_started(request: web.Request, resp: aiohttp.ClientResponse) -> None:
@@ -113,6 +168,8 @@ async def stamp(request: web.Request, response: web.StreamResponse) -> None:
         headers["Retry-After"] = str(mark.retry_after)  # RFC 9110 section 10.2.3
     if mark.unauthorized:
         headers["WWW-Authenticate"] = 'Bearer realm="vllm-sidecar control plane"'
+    if mark.named is not None:  # the answer to a finished update: the version it was given
+        headers[WEIGHT_VERSION] = mark.named
     if mark.plane != DATA or mark.version is None:
         return
     lifecycle = request.app[LIFECYCLE]

@@ -1,9 +1,13 @@
 """The engine lifecycle as the sidecar lives it: phases from relayed calls, holds, the token.
 
-Holding happens here, not in vLLM's queue: vLLM queues every request a pause or sleep finds,
-with no bound and no deadline, a non-stream without a byte and a stream after its 200 headers,
-so neither a deadline nor a queue size could be enforced once a request was sent. A request
-held here has sent nothing yet: at its deadline it still gets a proper 503 with Retry-After.
+Planned phases are waited out, as vLLM alone would: a data-plane request that meets a pause, a
+sleep or a weight sync is held for as long as the phase lasts (SkyRL 0.4 pauses in `keep` mode
+around every weight sync and fails at once on a JSON 5xx). The hold happens here, not in
+vLLM's queue, so that nothing is sent into an engine that cannot serve it and so that a
+deadline someone asked for can still be answered with a proper 503 and Retry-After. A hold
+ends with the phase, with the engine going down (at once, with the clear error), with the
+client, or with a deadline that was asked for: per request (`X-Sidecar-Hold-Timeout`) or
+pod-wide (`--phase-hold-timeout`, off by default).
 """
 
 from __future__ import annotations
@@ -17,7 +21,14 @@ from collections.abc import AsyncIterator
 
 from . import control, phase
 from .engine_probe import Probe, ProbeFailed
-from .errors import EnginePaused, EngineSleeping, PhaseRefusal, Unauthorized, WeightSync
+from .errors import (
+    EnginePaused,
+    EngineSleeping,
+    PhaseRefusal,
+    Unauthorized,
+    UpstreamUnreachable,
+    WeightSync,
+)
 from .metrics import EngineMetrics
 from .phase import SERVING, Engine
 from .record import RequestRecord
@@ -46,10 +57,20 @@ class Lifecycle:
     LEADS = True
 
     def __init__(
-        self, metrics: EngineMetrics, *, hold_timeout: float, hold_queue: int, token: bytes | None
+        self,
+        metrics: EngineMetrics,
+        *,
+        hold_timeout: float | None,
+        hold_queue: int,
+        token: bytes | None,
+        long_after: float = 600.0,
     ) -> None:
         self.metrics = metrics
         self.hold_timeout, self.hold_queue, self.token = hold_timeout, hold_queue, token
+        self.long_after = long_after
+        self.long = False  # the current pause or sync has lasted past `long_after`
+        self._long_timer: asyncio.TimerHandle | None = None
+        self.down: str | None = None  # why vLLM is seen down (refused or reset), if it is
         self.engine = Engine()
         self.since, self.since_wall = time.monotonic(), time.time()
         self.version: str | None = None
@@ -59,8 +80,7 @@ class Lifecycle:
         self.open: dict[Call, tuple[Engine, Engine]] = {}  # each call's phases before and sent
         self._numbers = itertools.count(1)
         self.epoch = 0  # bumped on every change of state, so a probe can tell it is stale
-        self._serving = asyncio.Event()
-        self._serving.set()
+        self._changed = asyncio.Event()  # replaced on each change: held requests look again
         self.stalls = Stalls()
 
     @property
@@ -88,44 +108,115 @@ class Lifecycle:
             self.since, self.since_wall = time.monotonic(), time.time()
             self.metrics.state.phase = engine.phase
             log.info("engine %s -> %s after %.1fs (%s)", old, engine.phase, took, why)
+            self._watch_length(engine.phase)
+        self._wake()
         if engine.phase == SERVING:
-            self._serving.set()
             self.stalls.stop()
-        elif old == SERVING:
-            self._serving.clear()
+        elif old == SERVING and self.hold_timeout is not None:
+            # Only a deadline someone asked for ends a frozen stream; vLLM alone keeps it open.
             self.stalls.start(asyncio.get_running_loop().create_task(self._sweep()))
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _watch_length(self, now: str) -> None:
+        """A phase that lasts past --phase-long-after is logged, shown and alerted on; it fails
+        no request by itself (a weight sync of a large model takes minutes)."""
+        self.long = self.metrics.state.long = False
+        if self._long_timer is not None:
+            self._long_timer.cancel()
+            self._long_timer = None
+        if now != SERVING and self.LEADS:
+            loop = asyncio.get_running_loop()
+            self._long_timer = loop.call_later(self.long_after, self._lasted_long, now)
+
+    def _lasted_long(self, now: str) -> None:
+        self._long_timer = None
+        if self.engine.phase == now:
+            self.long = self.metrics.state.long = True
+            log.warning(
+                "engine %s for %.0fs (--phase-long-after %g): a trainer that died between its"
+                " calls, or a sync that hangs? Held requests: %d",
+                now,
+                self.elapsed(),
+                self.long_after,
+                self.held,
+            )
+
+    def engine_down(self, why: str | None) -> None:
+        """vLLM refused or reset a connection (`why`), or is back (None). Requests held for a
+        phase then end at once: a dead engine's phase never ends by itself."""
+        if why == self.down:
+            return
+        if why is not None and self.LEADS:
+            log.warning("vLLM is down while the engine is %s: %s", self.phase, why)
+        self.down = why
+        self._wake()
 
     def set_version(self, version: str | None) -> None:
         if version is None or version == self.version:
             return
         log.info("weight version %s -> %s", self.version, version)
         self.version = self.metrics.state.version = version
+        self.metrics.state.version_changed = time.time()
 
     # -- the data plane ---------------------------------------------------------------------
-    async def admit(self, rec: RequestRecord) -> None:
-        """Return once the engine serves; past the deadline or the queue size, refuse."""
+    async def admit(self, rec: RequestRecord, deadline: float | None = None) -> None:
+        """Return once the engine serves. Refuse when vLLM is down, the hold queue is full, or
+        a deadline asked for passes: `deadline` (the request's own) or --phase-hold-timeout."""
         if self.engine.phase == SERVING:
             return
-        held_in = self.engine.phase
-        if self.hold_timeout == 0 or self.held >= self.hold_queue:
-            if self.hold_timeout == 0:
-                why = "--phase-hold-timeout is 0: no request is held"
-            else:
-                why = f"{self.held} requests are held already (--phase-hold-queue)"
+        self._check_up(rec.route)
+        limit, flag = self._deadline(deadline)
+        if limit == 0:
+            raise self.refusal(rec.route, f"{flag} is 0: no request is held")
+        if self.hold_queue and self.held >= self.hold_queue:
+            why = f"{self.held} requests are held already (--phase-hold-queue)"
             raise self.refusal(rec.route, why)
-        self.metrics.requests.labels(held_in, rec.route, "held").inc()
+        self.metrics.requests.labels(self.engine.phase, rec.route, "held").inc()
         self.held += 1
         self.metrics.held.inc()
         try:
-            async with asyncio.timeout(self.hold_timeout):
+            async with asyncio.timeout(limit):
                 while self.engine.phase != SERVING:
-                    await self._serving.wait()
+                    self._check_up(rec.route)
+                    await self._changed.wait()
         except TimeoutError:
-            why = f"held {self.hold_timeout:g}s (--phase-hold-timeout)"
-            raise self.refusal(rec.route, why) from None
+            raise self.refusal(rec.route, f"held {limit:g}s ({flag})") from None
         finally:
             self.held -= 1
             self.metrics.held.dec()
+
+    async def after_rejection(self, rec: RequestRecord, attempt: int, left: float | None) -> None:
+        """vLLM (0.33) rejected a request as paused: a pause made around the sidecar, so far
+        unseen. Wait for a change of state or a backoff (0.25 s doubling to 5 s, vLLM answers
+        a rejection at once), then hold as any request; `left`: the client's deadline left."""
+        self.metrics.requests.labels(phase.PAUSED, rec.route, "rejected").inc()
+        if left is not None and left <= 0:
+            why = "vLLM rejected it as paused past X-Sidecar-Hold-Timeout"
+            raise self.refusal(rec.route, why)
+        changed = self._changed
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(0.25 * 2**attempt, 5.0, left or 5.0)):
+                await changed.wait()
+        await self.admit(rec, left)
+
+    def _deadline(self, asked: float | None) -> tuple[float | None, str]:
+        """The shorter of the request's own deadline and the pod's, and the name to cite."""
+        pod = self.hold_timeout
+        if asked is not None and (pod is None or asked <= pod):
+            return asked, "X-Sidecar-Hold-Timeout"
+        return pod, "--phase-hold-timeout"
+
+    def _check_up(self, route: str) -> None:
+        if self.down is None:
+            return
+        self.metrics.requests.labels(self.engine.phase, route, "engine_down").inc()
+        raise UpstreamUnreachable(
+            f"vLLM went down while the engine was {self.phase.replace('_', ' ')} ({self.down});"
+            " the request was held by the sidecar and not sent to it."
+        )
 
     def refusal(self, route: str, why: str, outcome: str = "refused") -> PhaseRefusal:
         """The failure for a request the current phase refused (or, `cut`, a stream it stalled)."""
@@ -141,7 +232,7 @@ class Lifecycle:
 
     async def _sweep(self) -> None:
         """While the engine does not serve, end the streams that stay silent for the deadline."""
-        quiet = max(self.hold_timeout, MIN_QUIET)
+        quiet = max(self.hold_timeout or 0.0, MIN_QUIET)
         while True:
             before = self.stalls.quiet_since()
             await asyncio.sleep(quiet)
@@ -240,6 +331,9 @@ class Lifecycle:
             "weight_updates": self.updates,
             "held_requests": self.held,
             "running_requests": self.running,
+            "long": self.long,
+            "engine_down": self.down,
             "phase_hold_timeout": self.hold_timeout,
+            "phase_long_after": self.long_after,
             "control_token": self.token is not None,
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Generic, TypeVar
 
@@ -177,6 +178,8 @@ class EngineState(Collector):
     def __init__(self) -> None:
         self.phase = SERVING
         self.version: str | None = None
+        self.long = False  # the current phase has lasted past --phase-long-after
+        self.version_changed = time.time()  # when the version last changed (or was first read)
 
     def collect(self) -> Iterable[Metric]:
         phase = GaugeMetricFamily(
@@ -193,7 +196,18 @@ class EngineState(Collector):
         )
         if self.version is not None:
             version.add_metric((self.version,), 1)
-        return (phase, version)
+        long = GaugeMetricFamily(
+            PREFIX + "engine_phase_long",
+            "1 when the current phase has lasted past --phase-long-after, labelled with it.",
+            labels=("phase",),
+        )
+        long.add_metric((self.phase,), 1 if self.long else 0)
+        changed = GaugeMetricFamily(
+            PREFIX + "weight_version_changed_timestamp_seconds",
+            "When the weight version last changed, or was first read (Unix time).",
+        )
+        changed.add_metric((), self.version_changed)
+        return (phase, version, long, changed)
 
 
 class EngineMetrics:

@@ -62,6 +62,16 @@ def on_answer(engine: Engine, path: str, *, fully_awake: bool = True) -> Engine:
     return engine
 
 
+def next_version(current: str) -> str:
+    """The version of a finished update whose caller named none: `default` -> `default+1` ->
+    `default+2`; any other name gets `+1`. Every sidecar of a fleet that saw the same updates
+    names them alike."""
+    base, plus, count = current.rpartition("+")
+    if plus and count.isdigit():
+        return f"{base}+{int(count) + 1}"
+    return f"{current}+1"
+
+
 def reconciled(engine: Engine, *, busy: bool, restarted: bool) -> Engine:
     """The phase once vLLM's own flags are known (`busy`: /is_paused or /is_sleeping is true).
 

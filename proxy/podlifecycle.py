@@ -33,7 +33,11 @@ UNKNOWN: Call = 0  # a call the supervisor did not number (it did not answer in 
 
 def snapshot(lifecycle: Lifecycle) -> Message:
     engine = lifecycle.engine
-    return {"engine": [engine.base, engine.syncing], "version": lifecycle.version}
+    return {
+        "engine": [engine.base, engine.syncing],
+        "version": lifecycle.version,
+        "down": lifecycle.down,
+    }
 
 
 class PodLifecycle(Lifecycle):
@@ -54,6 +58,11 @@ class PodLifecycle(Lifecycle):
     def set_version(self, version: str | None) -> None:
         if version is not None and version != self.version:
             super().set_version(version)
+            self._publish(snapshot(self))
+
+    def engine_down(self, why: str | None) -> None:
+        if why != self.down:
+            super().engine_down(why)
             self._publish(snapshot(self))
 
     async def relayed(self, worker: int, step: Message) -> Message:
@@ -96,6 +105,7 @@ class Follower(Lifecycle):
         base, syncing = state["engine"]
         Lifecycle.set(self, Engine(base, syncing), "the pod's phase")
         Lifecycle.set_version(self, state["version"])
+        Lifecycle.engine_down(self, state.get("down"))
 
     async def _step(self, step: Message) -> Message | None:
         reply = await self._channel.ask({"lifecycle": step}, within=STEP_TIMEOUT)

@@ -18,16 +18,24 @@ from .settings import Settings
 log = logging.getLogger(__name__)
 
 
-async def reconcile_once(lifecycle: Lifecycle, probe: Probe, *, restarted: bool) -> bool | None:
-    """Ask vLLM once: False when it could not be asked, None when it has none of the routes (no
-    dev mode). A relayed control call in flight, or one answered while the probe was out, wins
-    over what the probe read."""
+# What one probe of vLLM found: its flags, no dev-mode routes, too slow to answer, or down.
+READ, NO_DEV, SLOW, DOWN = "read", "no_dev", "slow", "down"
+
+
+async def reconcile_once(lifecycle: Lifecycle, probe: Probe, *, restarted: bool) -> str:
+    """Ask vLLM once. A relayed control call in flight, or one answered while the probe was
+    out, wins over what the probe read. A refused or reset connection marks vLLM down (held
+    requests end at once); a timeout changes nothing: vLLM is slow during weight updates."""
     epoch = lifecycle.epoch
     try:
         busy, version = await asyncio.gather(probe.busy(), probe.weight_version())
     except ProbeFailed as exc:
         log.debug("engine state unknown: %s", exc)
-        return False
+        if exc.timed_out:
+            return SLOW
+        lifecycle.engine_down(str(exc))
+        return DOWN
+    lifecycle.engine_down(None)
     if busy is not None and lifecycle.calls == 0 and lifecycle.epoch == epoch:
         now = reconciled(lifecycle.engine, busy=busy, restarted=restarted)
         if now.phase != lifecycle.phase:
@@ -39,16 +47,19 @@ async def reconcile_once(lifecycle: Lifecycle, probe: Probe, *, restarted: bool)
         lifecycle.set(now, "reconciled with vLLM")
     if lifecycle.calls == 0 and lifecycle.epoch == epoch:
         lifecycle.set_version(version)
-    return None if busy is None and version is None else True
+    return NO_DEV if busy is None and version is None else READ
 
 
 async def _loop(lifecycle: Lifecycle, probe: Probe, interval: float, idle: float) -> None:
-    reached: bool | None = True
+    down = False
     while True:
-        # After an unreachable spell vLLM may have restarted: no sync survives that.
-        reached = await reconcile_once(lifecycle, probe, restarted=reached is False)
+        # After a spell of refused connections vLLM may have restarted: no sync survives
+        # that. A timeout is not such a spell: vLLM is slow while it loads weights.
+        found = await reconcile_once(lifecycle, probe, restarted=down)
+        if found != SLOW:
+            down = found == DOWN
         # Without dev mode every probe is a 404 in vLLM's log: ask again only now and then.
-        await asyncio.sleep(idle if reached is None else interval)
+        await asyncio.sleep(idle if found == NO_DEV else interval)
 
 
 @contextlib.asynccontextmanager

@@ -106,8 +106,10 @@ async def stream_reply(
     metrics: Metrics,
     discovery: Discovery,
     in_flight: InFlight,
+    first: bytes = b"",
 ) -> web.StreamResponse:
-    """Relay as bytes arrive; a failure after the headers becomes an SSE error event."""
+    """Relay as bytes arrive (`first`: what was read of them already); a failure after the
+    headers becomes an SSE error event."""
     sse = is_event_stream(resp.headers.get("Content-Type"))
     headers = response_headers(resp.headers, rid=rec.request_id)
     if sse:
@@ -119,7 +121,7 @@ async def stream_reply(
         return out
     info = model_info(rec, discovery.table, suggest=False)
     try:
-        failure = await stream.pump(resp)
+        failure = await stream.pump(resp, first)
     except asyncio.CancelledError:
         if sse and in_flight.draining:
             await stream.end_with(ShuttingDown(_GRACE_OVER), info)
@@ -161,12 +163,14 @@ class _Stream:
         self.events = EventFramer()  # SSE only: the event the upstream has not ended yet
         self.client_gone = False
 
-    async def pump(self, resp: aiohttp.ClientResponse) -> SidecarFailure | None:
-        """Relay until the upstream ends (None), fails (the failure) or the client leaves."""
+    async def pump(self, resp: aiohttp.ClientResponse, first: bytes) -> SidecarFailure | None:
+        """Relay `first`, then until the upstream ends (None), fails (the failure) or the client
+        leaves."""
         chunks = resp.content.iter_any().__aiter__()
+        chunk = first
         while True:
             try:
-                chunk = await anext(chunks)
+                chunk = chunk or await anext(chunks)
             except StopAsyncIteration:
                 if self.events.held:  # relayed as sent: an SSE client drops an unended event
                     await self.write(self.events.held)
@@ -182,6 +186,7 @@ class _Stream:
                 self.tail = chunk[-2:]
             if not await self.write(chunk):
                 return None
+            chunk = b""
 
     # A ConnectionError from any write to the client (the headers, a chunk, the end) means the
     # client left: it is counted as a disconnect, never as the upstream's failure, and no

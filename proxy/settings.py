@@ -92,11 +92,17 @@ class Settings(BaseSettings):
     shutdown_grace: float = Field(
         25.0, ge=0, description="seconds in-flight requests get after SIGTERM"
     )
-    phase_hold_timeout: float = Field(
-        30.0, ge=0, description="seconds a request waits out a pause, sleep or weight sync (0: 503)"
+    phase_hold_timeout: float | None = Field(
+        None,
+        ge=0,
+        description="pod-wide deadline, seconds, for a request waiting out a pause, sleep or "
+        "weight sync (none: held for as long as the phase lasts; 0: 503 at once)",
     )
     phase_hold_queue: int = Field(
-        1024, ge=0, description="most requests held at once; more get 503 at once"
+        8192, ge=0, description="most requests held at once; more get 503 at once (0: no limit)"
+    )
+    phase_long_after: float = Field(
+        600.0, gt=0, description="a pause or weight sync lasting longer is logged and alerted on"
     )
     control_token: SecretStr | None = Field(
         None, description="bearer token every control-plane call (pause, sleep, weights) needs"
@@ -141,6 +147,14 @@ class Settings(BaseSettings):
     def _no_read_timeout(cls, value: Any) -> Any:
         """`none`, `0` or nothing: no read timeout, as when the option is absent."""
         if isinstance(value, str) and value.lower() in ("", "none", "0"):
+            return None
+        return value
+
+    @field_validator("phase_hold_timeout", mode="before")
+    @classmethod
+    def _no_hold_deadline(cls, value: Any) -> Any:
+        """`none` or nothing: no deadline (unlike --read-timeout, `0` means refuse at once)."""
+        if isinstance(value, str) and value.lower() in ("", "none"):
             return None
         return value
 

@@ -135,6 +135,7 @@ def test_help_lists_every_setting() -> None:
         "--log-format",
         "--phase-hold-timeout",
         "--phase-hold-queue",
+        "--phase-long-after",
         "--control-token",
         "--control-token-file",
     ):
@@ -145,9 +146,14 @@ def test_lifecycle_defaults_and_the_control_token(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     s = load([])
-    assert (s.phase_hold_timeout, s.phase_hold_queue) == (30, 1024)
+    # Planned phases are waited out: no deadline unless one is asked for.
+    assert (s.phase_hold_timeout, s.phase_hold_queue, s.phase_long_after) == (None, 8192, 600)
     assert s.control_secret() is None
     assert load(["--phase-hold-timeout", "0"]).phase_hold_timeout == 0
+    assert load(["--phase-hold-timeout", "45"]).phase_hold_timeout == 45
+    monkeypatch.setenv("VLLM_SIDECAR_PHASE_HOLD_TIMEOUT", "none")
+    assert load([]).phase_hold_timeout is None
+    monkeypatch.delenv("VLLM_SIDECAR_PHASE_HOLD_TIMEOUT")
     monkeypatch.setenv("VLLM_SIDECAR_CONTROL_TOKEN", "from-env")
     token = load([])
     assert token.control_secret() == b"from-env"
