@@ -139,11 +139,14 @@ async def held_again(request: web.Request, rec: RequestRecord, attempt: int) -> 
     mark = request[PASSAGE]
     lifecycle = request.app[LIFECYCLE]
     left = None if mark.deadline is None else mark.deadline - (time.monotonic() - mark.since)
+    lifecycle.running -= 1  # held again, not running: an update may start meanwhile
     try:
         await lifecycle.after_rejection(rec, attempt, None if left is None else max(left, 0.0))
     except PhaseRefusal as refusal:
         mark.retry_after = refusal.retry_after
         raise
+    finally:
+        lifecycle.running += 1
     mark.version = lifecycle.version
 
 
@@ -168,7 +171,7 @@ async def stamp(request: web.Request, response: web.StreamResponse) -> None:
         headers["Retry-After"] = str(mark.retry_after)  # RFC 9110 section 10.2.3
     if mark.unauthorized:
         headers["WWW-Authenticate"] = 'Bearer realm="vllm-sidecar control plane"'
-    if mark.named is not None:  # the answer to a finished update: the version it was given
+    if mark.named is not None and response.status < 300:  # an update finished with it
         headers[WEIGHT_VERSION] = mark.named
     if mark.plane != DATA or mark.version is None:
         return

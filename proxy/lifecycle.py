@@ -197,9 +197,15 @@ class Lifecycle:
             why = "vLLM rejected it as paused past X-Sidecar-Hold-Timeout"
             raise self.refusal(rec.route, why)
         changed = self._changed
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(min(0.25 * 2**attempt, 5.0, left or 5.0)):
-                await changed.wait()
+        self.held += 1
+        self.metrics.held.inc()
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(0.25 * 2**attempt, 5.0, left or 5.0)):
+                    await changed.wait()
+        finally:
+            self.held -= 1
+            self.metrics.held.dec()
         await self.admit(rec, left)
 
     def _deadline(self, asked: float | None) -> tuple[float | None, str]:

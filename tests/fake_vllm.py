@@ -408,6 +408,22 @@ def respond(
     return handler
 
 
+PAUSED_MESSAGE = "Generation is paused. Please retry after it resumes."
+
+
+def paused_rejection(*, chat: bool = False, stream: bool = False) -> Handler:
+    """vLLM 0.33's answer to a request sent during `/pause?mode=abort|wait`: a 503 JSON error,
+    or for a stream a 200 whose first event is that error, then `[DONE]`. The completions
+    stream's event has spaced JSON; chat's is compact and says InternalServerError."""
+    kind = "InternalServerError" if chat else "ServiceUnavailableError"
+    error = error_body(PAUSED_MESSAGE, kind, None, 503)
+    if not stream:
+        return respond(503, dumps(error))
+    event = dumps(error) if chat else json.dumps(error).encode()
+    sse = "text/event-stream; charset=utf-8"
+    return respond(200, b"data: " + event + b"\n\ndata: [DONE]\n\n", sse)
+
+
 def hang() -> Handler:
     """Never answer; the handler is cancelled when the connection closes."""
 
