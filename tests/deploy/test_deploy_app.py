@@ -84,6 +84,8 @@ def test_every_metric_in_the_dashboard_and_alerts_is_exported(stack: Stack) -> N
         "vllm_sidecar_phase_requests_total",
         "vllm_sidecar_held_requests",
         "vllm_sidecar_engine_phase_duration_seconds_bucket",
+        "vllm_sidecar_engine_phase_long",
+        "vllm_sidecar_weight_version_changed_timestamp_seconds",
     ):
         assert name in on_dashboard, name
 

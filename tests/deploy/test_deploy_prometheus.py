@@ -18,7 +18,15 @@ from tests.processes import ManagedProcess
 from tests.support import free_port, wait_until
 
 from ._processes import SERVED, Stack, http_get, spawn
-from ._support import ALERTS, SCRAPE_CONFIG, dashboard, dashboard_queries, substitute, tool
+from ._support import (
+    ALERTS,
+    SCRAPE_CONFIG,
+    alert_rules,
+    dashboard,
+    dashboard_queries,
+    substitute,
+    tool,
+)
 
 
 @dataclass
@@ -118,6 +126,28 @@ def test_prometheus_scrapes_the_sidecar_with_the_shipped_config(prometheus: Prom
     assert series["value"][1] == "1"
     # ...and the upstream is seen up.
     wait_until(lambda: scraped(prometheus, "vllm_sidecar_upstream_up", 1), "upstream_up == 1")
+
+
+def test_fleet_panels_show_each_pods_phase_and_version(
+    stack: Stack, prometheus: Prometheus
+) -> None:
+    wait_until(
+        lambda: bool(prometheus.query("vllm_sidecar_weight_version_info")), "a weight version"
+    )
+    instance = f"127.0.0.1:{stack.admin_port}"
+    # One row per pod, its phase as the value mappings' number: 0 is serving, and not long.
+    for title in ("Phase by pod", "Long phases"):
+        [series] = prometheus.query(panel_query(title))
+        assert series["metric"] == {"instance": instance}, title
+        assert series["value"][1] == "0", title
+    [row] = prometheus.query(panel_query("Weight version by pod"))
+    assert row["metric"] == {"instance": instance, "version": "default"}
+    # When the sidecar read the version, in milliseconds (Grafana's dateTimeFromNow).
+    [changed] = prometheus.query("vllm_sidecar_weight_version_changed_timestamp_seconds")
+    assert float(row["value"][1]) == float(changed["value"][1]) * 1000
+    # A pod alone is never behind its peers.
+    [rule] = [r for r in alert_rules() if r["alert"] == "VllmSidecarWeightVersionBehind"]
+    assert prometheus.query(rule["expr"]) == []
 
 
 def test_every_dashboard_query_runs_on_a_real_prometheus(prometheus: Prometheus) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from proxy.phase import PHASES, SERVING
 from proxy.settings import Settings
 
 from ._support import (
@@ -342,10 +343,46 @@ def test_dashboard_panels_do_not_overlap() -> None:
         ("weight version", r"by \(instance, version\) \(vllm_sidecar_weight_version_info"),
         ("phase holds", r"sum by \(phase, outcome\) \(rate\(vllm_sidecar_phase_requests_total"),
         ("phase durations", r"histogram_quantile\(.*engine_phase_duration_seconds_bucket"),
+        ("phase by pod", r"max by \(instance\) \(.*vllm_sidecar_engine_phase\{"),
+        ("long phases by pod", r"max by \(instance\) \(.*vllm_sidecar_engine_phase_long\{"),
+        (
+            "weight version by pod",
+            r"by \(instance, version\) \(vllm_sidecar_weight_version_changed_timestamp_seconds"
+            r".*group_right vllm_sidecar_weight_version_info",
+        ),
     ],
 )
 def test_dashboard_has_the_panel_for(what: str, pattern: str) -> None:
     assert any(re.search(pattern, expr) for _, expr in dashboard_queries(dashboard())), what
+
+
+def test_phase_timelines_name_every_phase_the_sidecar_has() -> None:
+    # "Phase by pod" and "Long phases" show a pod's phase as a number, one per phase: the query
+    # multiplies each phase's series by its number, the value mappings name it back.
+    panels = {p["title"]: p for p in dashboard_panels(dashboard())}
+    for title in ("Phase by pod", "Long phases"):
+        panel = panels[title]
+        assert panel["type"] == "state-timeline", title
+        [target] = panel["targets"]
+        term = r'(\d+) \* vllm_sidecar_engine_phase\w*\{[^}]*phase="(\w+)"'
+        codes = {phase: code for code, phase in re.findall(term, target["expr"])}
+        [mapping] = panel["fieldConfig"]["defaults"]["mappings"]
+        names = {int(code): result["text"] for code, result in mapping["options"].items()}
+        assert set(names) == set(range(len(PHASES))), title
+        if title == "Phase by pod":
+            # Every phase is exported (0 or 1): serving needs no term, the others all 0 make 0.
+            assert set(codes) == set(PHASES) - {SERVING}, title
+            assert names[0] == SERVING
+            assert all(names[int(code)] == phase for phase, code in codes.items()), title
+        else:
+            # Only the current phase is exported: serving needs its own term, at 0.
+            assert set(codes) == set(PHASES), title
+            assert codes[SERVING] == "0"
+            assert all(
+                names[int(code)].startswith(phase)
+                for phase, code in codes.items()
+                if phase != SERVING
+            ), title
 
 
 def test_alert_rules_say_who_and_why() -> None:
@@ -357,6 +394,7 @@ def test_alert_rules_say_who_and_why() -> None:
         "VllmSidecarModelResolutionFailures",
         "VllmSidecarInStreamFailures",
         "VllmSidecarEngineNotServing",
+        "VllmSidecarWeightVersionBehind",
     }
     for rule in rules:
         assert rule["labels"]["severity"] in {"critical", "warning"}, rule["alert"]
