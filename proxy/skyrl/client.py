@@ -22,6 +22,7 @@ from skyrl.backends.skyrl_train.inference_servers.remote_inference_client import
 )
 from yarl import URL
 
+from proxy.skyrl import versions
 from proxy.skyrl.checks import Answer, check_json_object
 from proxy.skyrl.retry import NEVER, RetryPolicy, retrying
 from proxy.skyrl.shapes import body_required, check_shape
@@ -70,6 +71,20 @@ class SidecarInferenceClient(RemoteInferenceClient):
 
     async def _post(self, url: str, json: Any, headers: dict[str, str] | None = None) -> Any:
         return await self._checked("POST", url, json=json, headers=headers, policy=self.retry)
+
+    async def generate(self, input_batch: Any, model: str | None = None) -> Any:
+        """The parent's result, plus ``weight_versions``: per response, vLLM's spans
+        ``{"version", "start", "end"}`` over its tokens (None where vLLM sent none)."""
+        found: dict[str, Any] = {}
+        with versions.batch_spans(input_batch.get("prompt_token_ids") or (), found):
+            out = await super().generate(input_batch, model)
+        out["weight_versions"] = found["weight_versions"]
+        return out
+
+    async def _generate_single(self, **kwargs: Any) -> dict[str, Any]:
+        with versions.collecting(kwargs.get("prompt_token_ids")):
+            result: dict[str, Any] = await super()._generate_single(**kwargs)
+        return result
 
     # -- the control plane -------------------------------------------------------------------
     async def _call_server(
@@ -184,6 +199,8 @@ class _CheckedGenerateClient(RemoteGenerateClient):
         assert self.owner is not None
         parse: Parse = "packed" if packed_side_channels else "json"
         owner = self.owner
-        return await owner._checked(
+        body = await owner._checked(
             "POST", url, json=json, headers=headers, policy=owner.retry, parse=parse
         )
+        versions.seen(body)
+        return body
