@@ -25,6 +25,10 @@ packages=(
   pyyaml
   omegaconf
   skyrl-gym
+  # SkyRL's own vllm-router over `external_server_urls` (tests/skyrl04/test_training_loop.py).
+  # skyrl pins none; 0.1.17 is the newest and needs the RouterArgs fix in tests/skyrl04/router.py.
+  vllm-router==0.1.17
+  httpx
 )
 
 # python3.12 from PATH, else from pyenv (its shim fails when 3.12 is not the selected version).

@@ -28,9 +28,8 @@ class DevVllm(VllmServer):
         self.hf_path = model.hf_path
 
 
-@contextmanager
-def dev_vllm(run_dir: Path) -> Iterator[DevVllm]:
-    """The tiny local model (scripts/tiny_model.py) served by a DevVllm until the block ends."""
+def tiny_model_dir() -> Path:
+    """The tiny local model's directory, built by scripts/tiny_model.py if it is not yet."""
     done = subprocess.run(
         [str(VLLM_VENV / "bin/python"), str(ROOT / "scripts/tiny_model.py")],
         capture_output=True,
@@ -38,7 +37,12 @@ def dev_vllm(run_dir: Path) -> Iterator[DevVllm]:
         check=True,
         timeout=600,
     )
-    model = TinyModel(Path(done.stdout.strip().splitlines()[-1]))
-    server = DevVllm(model, run_dir)
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+@contextmanager
+def dev_vllm(run_dir: Path) -> Iterator[DevVllm]:
+    """The tiny local model (scripts/tiny_model.py) served by a DevVllm until the block ends."""
+    server = DevVllm(TinyModel(tiny_model_dir()), run_dir)
     with running(server):
         yield server
