@@ -21,6 +21,10 @@ from .upstream import UPSTREAM_ERRORS, target
 log = logging.getLogger(__name__)
 
 
+# /health checks in a row that time out while the engine serves before it counts as down.
+SLOW_CHECKS = 3
+
+
 class Discovery:
     """Holds the current model table and upstream health; refreshes both on a schedule."""
 
@@ -44,6 +48,7 @@ class Discovery:
         # in flight): the app's lifecycle says. A timeout then is no outage: vLLM's API server
         # answers slowly while it takes in weights, and readiness must not drop for it.
         self.patient: Callable[[], bool] = lambda: False
+        self._slow = 0  # /health checks in a row that timed out while serving
         metrics.upstream_up.set(0)
 
     def _table(self, served: Sequence[ServedModel]) -> ModelTable:
@@ -121,12 +126,26 @@ class Discovery:
                 await resp.read()
                 ok, error = resp.status == 200, f"/health answered {resp.status}"
         except UPSTREAM_ERRORS as exc:
-            if isinstance(exc, asyncio.TimeoutError) and self.healthy and self.patient():
-                log.info("/health is slow while the engine is busy; still taken as healthy")
+            if isinstance(exc, asyncio.TimeoutError) and self.healthy and self._excused():
                 return True
             ok, error = False, f"/health failed: {exc or type(exc).__name__}"
+        self._slow = 0
         self._set_health(ok, error)
         return ok
+
+    def _excused(self) -> bool:
+        """Whether a /health check that timed out leaves a healthy upstream healthy: always in
+        a planned phase, and for the first SLOW_CHECKS - 1 in a row otherwise. A busy vLLM on a
+        loaded machine can take longer than a check; a refused connection or an error answer
+        is an outage at once, a hung one after SLOW_CHECKS checks."""
+        if self.patient():
+            log.info("/health is slow while the engine is busy; still taken as healthy")
+            return True
+        self._slow += 1
+        if self._slow >= SLOW_CHECKS:
+            return False
+        log.info("/health did not answer in time (%d of %d in a row)", self._slow, SLOW_CHECKS)
+        return True
 
     def _set_health(self, ok: bool, error: str) -> None:
         if ok != self.healthy:

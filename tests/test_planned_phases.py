@@ -344,9 +344,13 @@ async def test_a_slow_health_during_a_pause_keeps_the_sidecar_ready(
         assert "upstream down" not in caplog.text
         await control(sidecar, "/resume")
         fake.script("GET /health", hang(), times=100)
-        await eventually(lambda: "upstream down" in caplog.text, "unready once serving", 20)
+        # Serving, a hung /health is an outage once SLOW_CHECKS checks in a row timed out.
+        await eventually(lambda: "1 of 3 in a row" in caplog.text, "a first slow check", 20)
+        assert (discovery.healthy, await readyz(sidecar)) == (True, 200)
+        await eventually(lambda: "upstream down" in caplog.text, "unready once serving", 30)
     assert (discovery.healthy, await readyz(sidecar)) == (False, 503)
     assert caplog.text.count(SLOW_HEALTH) == 2
+    assert "2 of 3 in a row" in caplog.text
 
 
 async def test_a_long_pause_is_flagged_and_the_flag_ends_with_it(
