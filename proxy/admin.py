@@ -5,7 +5,12 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from .keys import CONNECTIONS, DISCOVERY, DRAIN, IN_FLIGHT, LIFECYCLE, METRICS, SETTINGS
+from .connections import CONNECTIONS
+from .discovery import DISCOVERY
+from .drain import DRAIN, IN_FLIGHT
+from .lifecycle import LIFECYCLE
+from .metrics import METRICS
+from .settings import SETTINGS
 
 PROXY = web.AppKey("proxy", web.Application)
 

@@ -10,28 +10,18 @@ from prometheus_client import CollectorRegistry
 from yarl import URL
 
 from . import connections
-from .budget import Budget
-from .discovery import Discovery
-from .drain import InFlight
+from .budget import BUDGET, Budget
+from .connections import CONNECTIONS
+from .discovery import DISCOVERY, Discovery
+from .drain import IN_FLIGHT, InFlight
 from .forward import handle
 from .gate import stamp
-from .keys import (
-    BUDGET,
-    CONNECTIONS,
-    DISCOVERY,
-    IN_FLIGHT,
-    LIFECYCLE,
-    METRICS,
-    SESSION,
-    SETTINGS,
-    UPSTREAM,
-)
-from .lifecycle import Lifecycle
-from .metrics import Metrics
+from .lifecycle import LIFECYCLE, Lifecycle
+from .metrics import METRICS, Metrics
 from .phase import SERVING
 from .reconcile import reconciling
-from .settings import Settings
-from .upstream import make_session
+from .settings import SETTINGS, Settings
+from .upstream import SESSION, UPSTREAM, make_session
 
 
 async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -16,6 +16,8 @@ import ctypes.util
 import logging
 from collections.abc import Callable
 
+from aiohttp import web
+
 from .errors import BufferBudgetExhausted
 from .metrics import Metrics
 
@@ -95,3 +97,7 @@ def map_large_buffers(threshold: int = 1 << 20) -> None:
     mallopt = getattr(_libc(), "mallopt", None)  # glibc only; musl has none
     if mallopt is None or mallopt(_M_MMAP_THRESHOLD, threshold) != 1:
         log.debug("large buffers stay with the allocator's defaults")
+
+
+# Its slot on an app (aiohttp's typed key, declared beside what it holds).
+BUDGET = web.AppKey("budget", Budget)

@@ -179,3 +179,7 @@ async def serve_guarded(
     else:
         listener = await loop.create_server(factory, host, port, backlog=1024, reuse_address=True)
     return listener, asyncio.create_task(watch.run())
+
+
+# Its slot on an app (aiohttp's typed key, declared beside what it holds).
+CONNECTIONS = web.AppKey("connections", Watch)

@@ -11,6 +11,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp import web
 from yarl import URL
 
 from .metrics import Metrics
@@ -203,3 +204,7 @@ class Discovery:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# Its slot on an app (aiohttp's typed key, declared beside what it holds).
+DISCOVERY = web.AppKey("discovery", Discovery)

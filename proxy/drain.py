@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -49,3 +52,9 @@ class InFlight:
             for task in list(self.tasks):
                 task.cancel()
             await asyncio.wait(set(self.tasks), timeout=5)
+
+
+# Its slot on an app (aiohttp's typed key, declared beside what it holds).
+IN_FLIGHT = web.AppKey("in_flight", InFlight)
+# With `--workers N`, the supervisor's: drain every worker, and how many requests were left.
+DRAIN: web.AppKey[Callable[[], Awaitable[int]]] = web.AppKey("drain")

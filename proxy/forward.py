@@ -11,6 +11,9 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from . import headers as hdrs
+from .budget import BUDGET
+from .discovery import DISCOVERY
+from .drain import IN_FLIGHT
 from .errors import (
     InvalidRequest,
     ShuttingDown,
@@ -21,7 +24,7 @@ from .errors import (
 from .failures import error_reply, failure_response, unexpected
 from .gate import held_again, named_version, passage, resendable, upstream_started
 from .inbound import StreamedBody, read_request
-from .keys import BUDGET, DISCOVERY, IN_FLIGHT, METRICS, SESSION, SETTINGS, UPSTREAM
+from .metrics import METRICS
 from .record import CLIENT_CLOSED, RequestRecord
 from .rejection import MAX_PEEK, PEEK_SECONDS, first_event_end, rejected_body, rejected_stream
 from .relay import (
@@ -32,8 +35,9 @@ from .relay import (
     stream_reply,
     unframed_json,
 )
+from .settings import SETTINGS
 from .sse import is_event_stream
-from .upstream import UPSTREAM_ERRORS, classify, target
+from .upstream import SESSION, UPSTREAM, UPSTREAM_ERRORS, classify, target
 
 
 async def handle(request: web.Request) -> web.StreamResponse:

@@ -12,8 +12,7 @@ from aiohttp import web
 
 from .control import plane
 from .errors import InvalidRequest, PhaseRefusal, Unauthorized
-from .keys import LIFECYCLE
-from .lifecycle import Lifecycle
+from .lifecycle import LIFECYCLE, Lifecycle
 from .phase import SERVING, next_version
 from .record import RequestRecord
 from .routes import CONTROL, DATA, normalized, route_label

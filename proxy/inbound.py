@@ -17,9 +17,9 @@ from .body import (
     scan_model_in_head,
     step,
 )
+from .budget import BUDGET
 from .discovery import Discovery
 from .errors import BodyTooLarge, InvalidRequest, ModelAmbiguous
-from .keys import BUDGET
 from .metrics import Metrics
 from .modelkeys import TooComplex
 from .record import RequestRecord

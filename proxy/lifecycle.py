@@ -19,6 +19,8 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
+from aiohttp import web
+
 from . import control, phase
 from .engine_probe import Probe, ProbeFailed
 from .errors import (
@@ -343,3 +345,7 @@ class Lifecycle:
             "phase_long_after": self.long_after,
             "control_token": self.token is not None,
         }
+
+
+# Its slot on an app (aiohttp's typed key, declared beside what it holds).
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)

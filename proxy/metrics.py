@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterable
 from typing import Generic, TypeVar
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -272,3 +273,7 @@ class WorkerMetrics:
             registry=registry,
             multiprocess_mode="livemax",
         )
+
+
+# Its slot on an app (aiohttp's typed key, declared beside what it holds).
+METRICS = web.AppKey("metrics", Metrics)

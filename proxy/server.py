@@ -17,7 +17,8 @@ from . import connections, logs
 from .admin import create_admin_app
 from .app import create_app
 from .budget import map_large_buffers
-from .keys import CONNECTIONS, IN_FLIGHT
+from .connections import CONNECTIONS
+from .drain import IN_FLIGHT
 from .settings import Settings
 
 log = logging.getLogger(__name__)

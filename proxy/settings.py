@@ -6,6 +6,7 @@ import sys
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
+from aiohttp import web
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliApp, NoDecode, SettingsConfigDict
 from yarl import URL
@@ -207,3 +208,7 @@ def load(argv: Sequence[str] | None = None) -> Settings:
     except ValidationError as exc:
         print(_one_line(exc), file=sys.stderr)
         raise SystemExit(2) from None
+
+
+# Its slot on an app (aiohttp's typed key, declared beside what it holds).
+SETTINGS = web.AppKey("settings", Settings)

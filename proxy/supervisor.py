@@ -22,8 +22,10 @@ from yarl import URL
 from . import logs
 from .admin import create_admin_app
 from .app import create_app
-from .keys import DISCOVERY, DRAIN, IN_FLIGHT, LIFECYCLE, METRICS
-from .metrics import EngineMetrics, Metrics, WorkerMetrics
+from .discovery import DISCOVERY
+from .drain import DRAIN, IN_FLIGHT
+from .lifecycle import LIFECYCLE
+from .metrics import METRICS, EngineMetrics, Metrics, WorkerMetrics
 from .multiproc import pod_registry, process_gone
 from .podlifecycle import PodLifecycle, snapshot
 from .podstate import Channel, Message, PodDiscovery

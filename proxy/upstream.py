@@ -9,6 +9,7 @@ from contextvars import ContextVar
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 from aiohttp.client_proto import ResponseHandler
 from yarl import URL
 
@@ -175,3 +176,8 @@ def classify(exc: BaseException, *, where: str) -> SidecarFailure:
 
 # What `classify` understands: raised while sending to or reading from the upstream.
 UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
+
+
+# Its slot on an app (aiohttp's typed key, declared beside what it holds).
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+UPSTREAM = web.AppKey("upstream", URL)

@@ -19,11 +19,14 @@ from prometheus_client import CollectorRegistry
 
 from . import logs, server
 from .app import create_app
-from .keys import CONNECTIONS, DISCOVERY, IN_FLIGHT, LIFECYCLE, SETTINGS
+from .connections import CONNECTIONS
+from .discovery import DISCOVERY
+from .drain import IN_FLIGHT
+from .lifecycle import LIFECYCLE
 from .metrics import EngineMetrics
 from .podlifecycle import Follower
 from .podstate import Channel, FollowerDiscovery, Message
-from .settings import Settings
+from .settings import SETTINGS, Settings
 from .workers import shared_socket
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,8 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.keys import DISCOVERY, LIFECYCLE
+from proxy.discovery import DISCOVERY
+from proxy.lifecycle import LIFECYCLE
 from tests.fake_vllm import FakeVLLM, dumps, error_body, hang, paused_rejection, raw, reset, respond
 from tests.sidecar import MakeSidecar, Sidecar, assert_envelope, read_events
 from tests.support import eventually

@@ -14,8 +14,9 @@ from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
 from proxy.app import create_app
-from proxy.keys import DISCOVERY, SESSION
+from proxy.discovery import DISCOVERY
 from proxy.settings import Settings
+from proxy.upstream import SESSION
 from tests.fake_vllm import FakeVLLM, raw, start_sse
 from tests.sidecar import MakeSidecar, Sidecar, failures, raw_http
 from tests.support import eventually, free_port
