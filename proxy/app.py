@@ -16,6 +16,7 @@ from .discovery import DISCOVERY, Discovery
 from .drain import IN_FLIGHT, InFlight
 from .forward import handle
 from .gate import stamp
+from .guard import Limits
 from .lifecycle import LIFECYCLE, Lifecycle
 from .metrics import METRICS, Metrics
 from .phase import SERVING
@@ -84,8 +85,8 @@ def create_app(
     return app
 
 
-def _limits(settings: Settings) -> connections.Limits:
-    return connections.Limits(
+def _limits(settings: Settings) -> Limits:
+    return Limits(
         header=settings.client_header_timeout,
         body=settings.client_body_timeout,
         idle=settings.client_idle_timeout,

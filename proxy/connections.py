@@ -20,34 +20,18 @@ import logging
 import resource
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from .drain import InFlight
-from .guard import Guard
+from .guard import Guard, Limits
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 # Descriptors kept for everything but client connections: listeners, the admin port, logs.
 RESERVED_FDS = 64
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    header: float
-    body: float
-    idle: float
-    send: float
-    max_connections: int
-    min_body_rate: int = 0
-
-    @property
-    def tick(self) -> float:
-        """How often the sweep runs: a timeout fires at most a quarter of itself late."""
-        return min(1.0, max(0.02, min(self.header, self.body, self.idle, self.send) / 4))
 
 
 class _Refused(asyncio.Protocol):
@@ -109,14 +93,15 @@ class Watch:
     def sweep(self) -> None:
         now = self.now()
         for guard in list(self.guards.values()):
-            reason = self.expired(guard, now)
+            reason = self._reason(guard, now)
             if reason is not None:
                 self.close(guard, reason)
 
-    def expired(self, guard: Guard, now: float) -> str | None:
+    def _reason(self, guard: Guard, now: float) -> str | None:
+        """Why `guard`'s connection is to be closed now, if it is (this sweep's step of it)."""
         if self.draining and guard.idle():
             return "draining"
-        return guard.expired(now, self.limits)
+        return guard.sweep(now, self.limits)
 
     async def run(self) -> None:
         while True:

@@ -1,23 +1,49 @@
 """One client connection's guard: aiohttp's protocol inside, the times that bound it outside.
 
-The timeouts themselves, and the sweep that applies them, are connections.py's.
+The limits are declared here; the sweep that applies them, and the limit at accept, are
+connections.py's, which this module knows only as a `Keeper`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, cast
+from dataclasses import dataclass
+from typing import Protocol, cast
 
 from aiohttp import StreamReader
 
-if TYPE_CHECKING:
-    from .connections import Limits, Watch
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A client connection's bounds (seconds; bytes a second) and the port's connection limit."""
+
+    header: float
+    body: float
+    idle: float
+    send: float
+    max_connections: int
+    min_body_rate: int = 0
+
+    @property
+    def tick(self) -> float:
+        """How often the sweep runs: a timeout fires at most a quarter of itself late."""
+        return min(1.0, max(0.02, min(self.header, self.body, self.idle, self.send) / 4))
+
+
+class Keeper(Protocol):
+    """What keeps the guards (connections.Watch): its clock, and the set of open connections."""
+
+    def now(self) -> float: ...
+
+    def add(self, guard: Guard) -> None: ...
+
+    def discard(self, guard: Guard) -> None: ...
 
 
 class Guard(asyncio.Protocol):
     """One client connection: aiohttp's protocol inside, the times that bound it outside."""
 
-    def __init__(self, watch: Watch, inner: asyncio.Protocol) -> None:
+    def __init__(self, watch: Keeper, inner: asyncio.Protocol) -> None:
         self.watch, self.inner = watch, inner
         self.transport: asyncio.Transport | None = None
         now = watch.now()
@@ -76,8 +102,13 @@ class Guard(asyncio.Protocol):
         idle = not self.busy and self.head_since is None
         return idle and self.transport is not None and not self.transport.get_write_buffer_size()
 
-    def expired(self, now: float, limits: Limits) -> str | None:
-        """Why this connection is to be closed now, if it is."""
+    def sweep(self, now: float, limits: Limits) -> str | None:
+        """One sweep's step: the clocks catch up, then why to close this connection now, if so.
+
+        Not a plain query: time the sidecar itself held the connection back (not reading, an
+        answer still going out) restarts its body and idle clocks, and a full rate window
+        starts the next one.
+        """
         transport = self.transport
         if transport is None:
             return None
@@ -89,14 +120,14 @@ class Guard(asyncio.Protocol):
             self.window_bytes = 0
         if self.busy:
             reading = self.body is not None and not self.body.is_eof()
-            return self._body_expired(now, limits) if reading else None
+            return self._body_step(now, limits) if reading else None
         if transport.get_write_buffer_size():
             self.idle_since = now  # an answer still on its way out: not idle
         if self.head_since is not None:
             return "header_timeout" if now - self.head_since > limits.header else None
         return "idle_timeout" if now - self.idle_since > limits.idle else None
 
-    def _body_expired(self, now: float, limits: Limits) -> str | None:
+    def _body_step(self, now: float, limits: Limits) -> str | None:
         if now - self.last_rx > limits.body:
             return "body_timeout"
         span = now - self.window_start

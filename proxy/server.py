@@ -19,6 +19,7 @@ from .app import create_app
 from .budget import map_large_buffers
 from .connections import CONNECTIONS
 from .drain import IN_FLIGHT
+from .guard import Limits
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ def _announce(settings: Settings) -> None:
     )
 
 
-def _capped(limits: connections.Limits) -> connections.Limits:
+def _capped(limits: Limits) -> Limits:
     """The connection limit within what the process's descriptors allow, raised first."""
     fds = connections.raise_fd_limit()
     cap = connections.connection_cap(limits.max_connections, fds)
