@@ -13,8 +13,8 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.discovery import DISCOVERY
-from proxy.lifecycle import LIFECYCLE
+from proxy.engine.lifecycle import LIFECYCLE
+from proxy.upstream.discovery import DISCOVERY
 from tests.fake_vllm import FakeVLLM, dumps, error_body, hang, paused_rejection, raw, reset, respond
 from tests.sidecar import MakeSidecar, Sidecar, assert_envelope, read_events
 from tests.support import eventually

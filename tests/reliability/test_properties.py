@@ -9,9 +9,9 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy import envelope, errors
-from proxy.body import find_model, replace_model
-from proxy.resolution import AMBIGUOUS, CASE, EXACT, RULES, UNRESOLVED, ModelTable, ServedModel
+from proxy.core import envelope, errors
+from proxy.core.body import find_model, replace_model
+from proxy.core.resolution import AMBIGUOUS, CASE, EXACT, RULES, UNRESOLVED, ModelTable, ServedModel
 
 # Names shaped like the real ones: HF paths, basenames, local paths; small alphabets make
 # collisions (ambiguity, case clashes) common enough to matter.

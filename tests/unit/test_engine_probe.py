@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.engine_probe import MAX_VERSION, clean_version
+from proxy.upstream.engine_probe import MAX_VERSION, clean_version
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.phase import (
+from proxy.core.phase import (
     PAUSED,
     SERVING,
     SLEEPING,

@@ -14,12 +14,13 @@ import orjson
 from aiohttp import web
 from yarl import URL
 
-from .metrics import Metrics
-from .resolution import ModelTable, ServedModel, parse_models_list
-from .settings import Settings
-from .upstream import UPSTREAM_ERRORS, target
+from proxy.config.settings import Settings
+from proxy.core.resolution import ModelTable, ServedModel, parse_models_list
+from proxy.observe.metrics import Metrics
 
-log = logging.getLogger(__name__)
+from .session import UPSTREAM_ERRORS, target
+
+log = logging.getLogger("proxy.discovery")  # its name before the layers: kept for filters
 
 
 class Discovery:

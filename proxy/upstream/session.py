@@ -13,7 +13,8 @@ from aiohttp import web
 from aiohttp.client_proto import ResponseHandler
 from yarl import URL
 
-from .errors import (
+from proxy.config.settings import Settings
+from proxy.core.errors import (
     SidecarFailure,
     UpstreamDisconnected,
     UpstreamInvalidResponse,
@@ -21,9 +22,8 @@ from .errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from .settings import Settings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("proxy.upstream")  # its name before the layers: kept for filters
 
 
 class _AnsweredOnce(ResponseHandler):

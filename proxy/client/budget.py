@@ -18,10 +18,10 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from .errors import BufferBudgetExhausted
-from .metrics import Metrics
+from proxy.core.errors import BufferBudgetExhausted
+from proxy.observe.metrics import Metrics
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("proxy.budget")  # its name before the layers: kept for filters
 
 
 # A body this large or larger is a burst worth trimming the heap after (map_large_buffers's

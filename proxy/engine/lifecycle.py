@@ -21,9 +21,8 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from . import control, phase
-from .engine_probe import Probe, ProbeFailed
-from .errors import (
+from proxy.core import control, phase
+from proxy.core.errors import (
     EnginePaused,
     EngineSleeping,
     PhaseRefusal,
@@ -31,13 +30,15 @@ from .errors import (
     UpstreamUnreachable,
     WeightSync,
 )
-from .metrics import EngineMetrics
-from .phase import SERVING, Engine
-from .record import RequestRecord
-from .stalls import MIN_QUIET, Stalls
-from .upstream import Interrupted
+from proxy.core.phase import SERVING, Engine
+from proxy.observe.metrics import EngineMetrics
+from proxy.observe.record import RequestRecord
+from proxy.upstream.engine_probe import Probe, ProbeFailed
+from proxy.upstream.session import Interrupted
 
-log = logging.getLogger(__name__)
+from .stalls import MIN_QUIET, Stalls
+
+log = logging.getLogger("proxy.lifecycle")  # its name before the layers: kept for filters
 
 _REFUSALS: dict[str, type[PhaseRefusal]] = {
     phase.PAUSED: EnginePaused,

@@ -1,4 +1,4 @@
-"""One of `--workers N`: `python -m proxy.worker FD`, started by the supervisor (`supervisor`).
+"""One of `--workers N`: `python -m proxy.pod.worker FD`, started by the supervisor (`supervisor`).
 
 Settings and the pod's discovery and engine state arrive on the socket FD; the worker serves the
 proxy port beside its siblings (SO_REUSEPORT), with its own event loop and upstream pool, and
@@ -17,19 +17,21 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from . import logs, server
-from .app import create_app
-from .connections import CONNECTIONS
-from .discovery import DISCOVERY
-from .drain import IN_FLIGHT
-from .lifecycle import LIFECYCLE
-from .metrics import EngineMetrics
+from proxy.client.connections import CONNECTIONS
+from proxy.client.drain import IN_FLIGHT
+from proxy.config.settings import SETTINGS, Settings
+from proxy.engine.lifecycle import LIFECYCLE
+from proxy.observe import logs
+from proxy.observe.metrics import EngineMetrics
+from proxy.upstream.discovery import DISCOVERY
+from proxy.wiring import server
+from proxy.wiring.app import create_app
+
 from .podlifecycle import Follower
 from .podstate import Channel, FollowerDiscovery, Message
-from .settings import SETTINGS, Settings
 from .workers import shared_socket
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("proxy.worker")  # its name before the layers: kept for filters
 
 
 async def main(sock: socket.socket) -> None:

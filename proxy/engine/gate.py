@@ -10,13 +10,14 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from .control import plane
-from .errors import InvalidRequest, PhaseRefusal, Unauthorized
+from proxy.core.control import plane
+from proxy.core.errors import InvalidRequest, PhaseRefusal, Unauthorized
+from proxy.core.phase import SERVING, next_version
+from proxy.core.routes import CONTROL, DATA, normalized, route_label
+from proxy.core.sse import is_event_stream
+from proxy.observe.record import RequestRecord
+
 from .lifecycle import LIFECYCLE, Lifecycle
-from .phase import SERVING, next_version
-from .record import RequestRecord
-from .routes import CONTROL, DATA, normalized, route_label
-from .sse import is_event_stream
 
 WEIGHT_VERSION = "X-Weight-Version"
 # The version at the end, when it differs from the one the answer started with.

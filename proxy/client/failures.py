@@ -8,18 +8,18 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from . import envelope
-from .discovery import Discovery
-from .envelope import Envelope, ModelInfo
-from .errors import InternalError, SidecarFailure
-from .headers import SIDECAR_ERROR, drop, response_headers
-from .logs import text_field
-from .metrics import Metrics
-from .record import RequestRecord
-from .resolution import ModelTable
-from .upstream import read_capped
+from proxy.core import envelope
+from proxy.core.envelope import Envelope, ModelInfo
+from proxy.core.errors import InternalError, SidecarFailure
+from proxy.core.headers import SIDECAR_ERROR, drop, response_headers
+from proxy.core.resolution import ModelTable
+from proxy.observe.logs import text_field
+from proxy.observe.metrics import Metrics
+from proxy.observe.record import RequestRecord
+from proxy.upstream.discovery import Discovery
+from proxy.upstream.session import read_capped
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("proxy.failures")  # its name before the layers: kept for filters
 
 _ENTITY = ("Content-Length", "Content-Type", "Content-Encoding")
 

@@ -24,11 +24,12 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.observe.metrics import Metrics
+
 from .drain import InFlight
 from .guard import Guard, Limits
-from .metrics import Metrics
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("proxy.connections")  # its name before the layers: kept for filters
 
 # Descriptors kept for everything but client connections: listeners, the admin port, logs.
 RESERVED_FDS = 64

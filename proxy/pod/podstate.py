@@ -22,12 +22,12 @@ import aiohttp
 import orjson
 from yarl import URL
 
-from .discovery import Discovery
-from .metrics import Metrics
-from .resolution import ServedModel
-from .settings import Settings
+from proxy.config.settings import Settings
+from proxy.core.resolution import ServedModel
+from proxy.observe.metrics import Metrics
+from proxy.upstream.discovery import Discovery
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("proxy.podstate")  # its name before the layers: kept for filters
 
 Message = dict[str, Any]
 LINE_LIMIT = 16 << 20  # the served list and aliases of one upstream; far below this

@@ -13,16 +13,18 @@ from typing import Any
 
 from aiohttp import web
 
-from . import connections, logs
-from .admin import create_admin_app
-from .app import create_app
-from .budget import map_large_buffers
-from .connections import CONNECTIONS
-from .drain import IN_FLIGHT
-from .guard import Limits
-from .settings import Settings
+from proxy.client import connections
+from proxy.client.admin import create_admin_app
+from proxy.client.budget import map_large_buffers
+from proxy.client.connections import CONNECTIONS
+from proxy.client.drain import IN_FLIGHT
+from proxy.client.guard import Limits
+from proxy.config.settings import Settings
+from proxy.observe import logs
 
-log = logging.getLogger(__name__)
+from .app import create_app
+
+log = logging.getLogger("proxy.server")  # its name before the layers: kept for filters
 
 
 async def serve(

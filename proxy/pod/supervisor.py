@@ -19,20 +19,21 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from yarl import URL
 
-from . import logs
-from .admin import create_admin_app
-from .app import create_app
-from .discovery import DISCOVERY
-from .drain import DRAIN, IN_FLIGHT
-from .lifecycle import LIFECYCLE
-from .metrics import METRICS, EngineMetrics, Metrics, WorkerMetrics
+from proxy.client.admin import create_admin_app
+from proxy.client.drain import DRAIN, IN_FLIGHT
+from proxy.config.settings import Settings
+from proxy.engine.lifecycle import LIFECYCLE
+from proxy.observe import logs
+from proxy.observe.metrics import METRICS, EngineMetrics, Metrics, WorkerMetrics
+from proxy.upstream.discovery import DISCOVERY
+from proxy.wiring.app import create_app
+from proxy.wiring.server import flushing_logs_until
+
 from .multiproc import pod_registry, process_gone
 from .podlifecycle import PodLifecycle, snapshot
 from .podstate import Channel, Message, PodDiscovery
-from .server import flushing_logs_until
-from .settings import Settings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("proxy.supervisor")  # its name before the layers: kept for filters
 
 # Past the grace period a worker cancels what is left and exits; this is its time to do so.
 EXIT_SLACK = 10.0
@@ -40,7 +41,7 @@ STEADY = 10.0  # a worker that ran this long before dying is restarted at once
 MAX_BACKOFF = 5.0
 # Workers run this very package: `-P` keeps the working directory (which may hold another
 # `proxy`) off their path, and this package's directory is added after any PYTHONPATH.
-PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding proxy/
 
 
 def _worker_env() -> dict[str, str]:
@@ -147,7 +148,7 @@ class Supervisor:
                 sys.executable,
                 "-P",
                 "-m",
-                "proxy.worker",
+                "proxy.pod.worker",
                 str(theirs.fileno()),
                 pass_fds=(theirs.fileno(),),
                 stdin=asyncio.subprocess.DEVNULL,

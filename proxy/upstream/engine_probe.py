@@ -9,7 +9,7 @@ import aiohttp
 import orjson
 from yarl import URL
 
-from .upstream import UPSTREAM_ERRORS, target
+from .session import UPSTREAM_ERRORS, target
 
 MAX_VERSION = 200  # characters of a weight version kept (a label value and a header)
 

@@ -12,7 +12,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from .phase import PHASES, SERVING
+from proxy.core.phase import PHASES, SERVING
 
 # Route labels are bounded by the table in routes.py (`route_label`); methods by this set.
 METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))

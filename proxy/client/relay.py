@@ -8,17 +8,18 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from .discovery import Discovery
+from proxy.core.envelope import ModelInfo
+from proxy.core.errors import ShuttingDown, SidecarFailure, UpstreamInvalidResponse
+from proxy.core.headers import drop, response_headers
+from proxy.core.sse import ErrorWatcher, EventFramer, is_event_stream
+from proxy.engine.gate import stream_aborted, version_change
+from proxy.observe.metrics import Metrics
+from proxy.observe.record import RequestRecord
+from proxy.upstream.discovery import Discovery
+from proxy.upstream.session import UPSTREAM_ERRORS, classify, read_capped
+
 from .drain import InFlight
-from .envelope import ModelInfo
-from .errors import ShuttingDown, SidecarFailure, UpstreamInvalidResponse
 from .failures import model_info, sse_error
-from .gate import stream_aborted, version_change
-from .headers import drop, response_headers
-from .metrics import Metrics
-from .record import RequestRecord
-from .sse import ErrorWatcher, EventFramer, is_event_stream
-from .upstream import UPSTREAM_ERRORS, classify, read_capped
 
 # Non-streamed bodies up to this size are read whole before answering, so that an upstream that
 # drops mid-body still gets the client a proper 502 envelope instead of a cut body.

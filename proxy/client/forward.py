@@ -10,23 +10,33 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from . import headers as hdrs
-from .budget import BUDGET
-from .discovery import DISCOVERY
-from .drain import IN_FLIGHT
-from .errors import (
+from proxy.config.settings import SETTINGS
+from proxy.core import headers as hdrs
+from proxy.core.errors import (
     InvalidRequest,
     ShuttingDown,
     SidecarFailure,
     UpstreamInvalidResponse,
     UpstreamTimeout,
 )
+from proxy.core.rejection import (
+    MAX_PEEK,
+    PEEK_SECONDS,
+    first_event_end,
+    rejected_body,
+    rejected_stream,
+)
+from proxy.core.sse import is_event_stream
+from proxy.engine.gate import held_again, named_version, passage, resendable, upstream_started
+from proxy.observe.metrics import METRICS
+from proxy.observe.record import CLIENT_CLOSED, RequestRecord
+from proxy.upstream.discovery import DISCOVERY
+from proxy.upstream.session import SESSION, UPSTREAM, UPSTREAM_ERRORS, classify, target
+
+from .budget import BUDGET
+from .drain import IN_FLIGHT
 from .failures import error_reply, failure_response, unexpected
-from .gate import held_again, named_version, passage, resendable, upstream_started
 from .inbound import StreamedBody, read_request
-from .metrics import METRICS
-from .record import CLIENT_CLOSED, RequestRecord
-from .rejection import MAX_PEEK, PEEK_SECONDS, first_event_end, rejected_body, rejected_stream
 from .relay import (
     BUFFER_LIMIT,
     buffered_reply,
@@ -35,9 +45,6 @@ from .relay import (
     stream_reply,
     unframed_json,
 )
-from .settings import SETTINGS
-from .sse import is_event_stream
-from .upstream import SESSION, UPSTREAM, UPSTREAM_ERRORS, classify, target
 
 
 async def handle(request: web.Request) -> web.StreamResponse:

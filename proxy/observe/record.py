@@ -6,11 +6,12 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from .errors import SidecarFailure
+from proxy.core.errors import SidecarFailure
+from proxy.core.resolution import ABSENT
+from proxy.core.routes import route_label
+
 from .logs import capped, text_field
 from .metrics import Metrics, method_label
-from .resolution import ABSENT
-from .routes import route_label
 
 log = logging.getLogger("proxy.access")
 

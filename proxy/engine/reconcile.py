@@ -10,12 +10,13 @@ from collections.abc import AsyncIterator
 import aiohttp
 from yarl import URL
 
-from .engine_probe import Probe, ProbeFailed
-from .lifecycle import Lifecycle
-from .phase import reconciled
-from .settings import Settings
+from proxy.config.settings import Settings
+from proxy.core.phase import reconciled
+from proxy.upstream.engine_probe import Probe, ProbeFailed
 
-log = logging.getLogger(__name__)
+from .lifecycle import Lifecycle
+
+log = logging.getLogger("proxy.reconcile")  # its name before the layers: kept for filters
 
 
 # What one probe of vLLM found: its flags, no dev-mode routes, too slow to answer, or down.

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from aiohttp import StreamReader, web
 
-from .body import (
+from proxy.core.body import (
     MAX_SLICES,
     ModelField,
     Scan,
@@ -17,13 +17,14 @@ from .body import (
     scan_model_in_head,
     step,
 )
+from proxy.core.errors import BodyTooLarge, InvalidRequest, ModelAmbiguous
+from proxy.core.modelkeys import TooComplex
+from proxy.core.resolution import ABSENT, AMBIGUOUS, UNRESOLVED, Resolution
+from proxy.observe.metrics import Metrics
+from proxy.observe.record import RequestRecord
+from proxy.upstream.discovery import Discovery
+
 from .budget import BUDGET
-from .discovery import Discovery
-from .errors import BodyTooLarge, InvalidRequest, ModelAmbiguous
-from .metrics import Metrics
-from .modelkeys import TooComplex
-from .record import RequestRecord
-from .resolution import ABSENT, AMBIGUOUS, UNRESOLVED, Resolution
 
 _BODY_METHODS = frozenset(("POST", "PUT", "PATCH"))
 STREAM_FROM = 1 << 20  # bodies larger than this are streamed through once their head is read

@@ -9,20 +9,20 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry
 from yarl import URL
 
-from . import connections
-from .budget import BUDGET, Budget
-from .connections import CONNECTIONS
-from .discovery import DISCOVERY, Discovery
-from .drain import IN_FLIGHT, InFlight
-from .forward import handle
-from .gate import stamp
-from .guard import Limits
-from .lifecycle import LIFECYCLE, Lifecycle
-from .metrics import METRICS, Metrics
-from .phase import SERVING
-from .reconcile import reconciling
-from .settings import SETTINGS, Settings
-from .upstream import SESSION, UPSTREAM, make_session
+from proxy.client import connections
+from proxy.client.budget import BUDGET, Budget
+from proxy.client.connections import CONNECTIONS
+from proxy.client.drain import IN_FLIGHT, InFlight
+from proxy.client.forward import handle
+from proxy.client.guard import Limits
+from proxy.config.settings import SETTINGS, Settings
+from proxy.core.phase import SERVING
+from proxy.engine.gate import stamp
+from proxy.engine.lifecycle import LIFECYCLE, Lifecycle
+from proxy.engine.reconcile import reconciling
+from proxy.observe.metrics import METRICS, Metrics
+from proxy.upstream.discovery import DISCOVERY, Discovery
+from proxy.upstream.session import SESSION, UPSTREAM, make_session
 
 
 async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:

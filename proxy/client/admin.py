@@ -5,12 +5,13 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client.aiohttp import make_aiohttp_handler
 
+from proxy.config.settings import SETTINGS
+from proxy.engine.lifecycle import LIFECYCLE
+from proxy.observe.metrics import METRICS
+from proxy.upstream.discovery import DISCOVERY
+
 from .connections import CONNECTIONS
-from .discovery import DISCOVERY
 from .drain import DRAIN, IN_FLIGHT
-from .lifecycle import LIFECYCLE
-from .metrics import METRICS
-from .settings import SETTINGS
 
 PROXY = web.AppKey("proxy", web.Application)
 

@@ -18,13 +18,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from . import phase
-from .lifecycle import Call, Lifecycle
-from .metrics import EngineMetrics
-from .phase import Engine
+from proxy.core import phase
+from proxy.core.phase import Engine
+from proxy.engine.lifecycle import Call, Lifecycle
+from proxy.observe.metrics import EngineMetrics
+
 from .podstate import Channel, Message
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("proxy.podlifecycle")  # its name before the layers: kept for filters
 
 # A step may wait for the supervisor's probe of vLLM (at most 5 s each) after the answer.
 STEP_TIMEOUT = 15.0

@@ -8,7 +8,7 @@ import socket
 import sys
 import tempfile
 
-from .settings import Settings
+from proxy.config.settings import Settings
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -49,6 +49,8 @@ def run(settings: Settings) -> None:
     settings = settings.model_copy(update={"port": reserved.getsockname()[1]})
     with reserved, tempfile.TemporaryDirectory(prefix="vllm-sidecar-metrics-") as path:
         os.environ[MULTIPROC_ENV] = path
-        from . import server, supervisor
+        from proxy.wiring import server
+
+        from . import supervisor
 
         server.run_loop(supervisor.Supervisor(settings, path).run())
