@@ -111,7 +111,7 @@ class Watch:
 
     def start_draining(self) -> None:
         """No new request on a kept-alive connection: idle ones close now, busy ones after."""
-        self.in_flight.draining = True
+        self.in_flight.begin_draining()
         self.sweep()
 
 

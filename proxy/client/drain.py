@@ -20,9 +20,19 @@ log = logging.getLogger("proxy.drain")  # its name before the layers: kept for f
 
 
 class InFlight:
+    """The handlers in flight, and the draining flag, whose one writer is `begin_draining`."""
+
     def __init__(self) -> None:
         self.tasks: set[asyncio.Task[object]] = set()
-        self.draining = False
+        self._draining = False
+
+    @property
+    def draining(self) -> bool:
+        """New requests are refused, readiness says so, idle connections close."""
+        return self._draining
+
+    def begin_draining(self) -> None:
+        self._draining = True
 
     def add(self) -> asyncio.Task[object] | None:
         task = asyncio.current_task()
@@ -36,7 +46,7 @@ class InFlight:
 
     async def settle(self, grace: float) -> int:
         """Wait up to `grace` seconds until nothing is in flight; how many still are."""
-        self.draining = True
+        self.begin_draining()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         if self.tasks:

@@ -215,7 +215,7 @@ class Supervisor:
     async def _drain_workers(self) -> int:
         """The admin port's `POST /drain`: every worker drains; the requests still in flight
         once all have answered, or their grace is over."""
-        self.pod[IN_FLIGHT].draining = True  # /readyz: draining
+        self.pod[IN_FLIGHT].begin_draining()  # /readyz: draining
         wait = self.settings.shutdown_grace + EXIT_SLACK
         asks = [w.channel.ask({"drain": True}, within=wait) for w in self.workers.values()]
         answers = await asyncio.gather(*asks)
@@ -224,7 +224,7 @@ class Supervisor:
     async def _drain(self) -> None:
         """SIGTERM to every worker (each drains like one sidecar), then wait for them all."""
         self.stopping = True
-        self.pod[IN_FLIGHT].draining = True  # /readyz: draining
+        self.pod[IN_FLIGHT].begin_draining()  # /readyz: draining
         grace = self.settings.shutdown_grace
         log.info("stopping: %d workers drain for up to %gs", len(self.workers), grace)
         for worker in self.workers.values():
