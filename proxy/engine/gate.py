@@ -13,7 +13,7 @@ from aiohttp import web
 from proxy.core.control import plane
 from proxy.core.errors import InvalidRequest, PhaseRefusal, Unauthorized
 from proxy.core.phase import SERVING, next_version
-from proxy.core.routes import CONTROL, DATA, normalized, route_label
+from proxy.core.routes import CONTROL, DATA, normalized
 from proxy.core.sse import is_event_stream
 from proxy.observe.record import RequestRecord
 
@@ -32,6 +32,7 @@ class Passage:
     """One request's dealings with the lifecycle, read again when its answer goes out."""
 
     plane: str
+    route: str  # the record's route label, for the counts made when the answer goes out
     version: str | None = None
     retry_after: int | None = None
     unauthorized: bool = False
@@ -57,7 +58,7 @@ def passage(
     if kind is None:
         return _UNTOUCHED
     lifecycle = request.app[LIFECYCLE]
-    mark = request[PASSAGE] = Passage(kind, lifecycle.version)
+    mark = request[PASSAGE] = Passage(kind, rec.route, lifecycle.version)
     if kind == CONTROL:
         try:
             lifecycle.authorize(request.headers.get("Authorization"))
@@ -158,7 +159,7 @@ def upstream_started(request: web.Request, resp: aiohttp.ClientResponse) -> None
         and mark.plane == DATA
         and is_event_stream(resp.headers.get("Content-Type"))
     ):
-        request.app[LIFECYCLE].stalls.add(mark, route_label(request.path), resp)
+        request.app[LIFECYCLE].stalls.add(mark, mark.route, resp)
 
 
 async def stamp(request: web.Request, response: web.StreamResponse) -> None:
@@ -182,7 +183,7 @@ async def stamp(request: web.Request, response: web.StreamResponse) -> None:
     body = response.body if isinstance(response, web.Response) else None
     # Only outside serving: no body is searched in steady state.
     if lifecycle.phase != SERVING and isinstance(body, bytes) and _ABORT in body:
-        lifecycle.count_abort(route_label(request.path))
+        lifecycle.count_abort(mark.route)
 
 
 def stream_aborted(request: web.Request) -> None:
@@ -192,7 +193,7 @@ def stream_aborted(request: web.Request) -> None:
     mark = request.get(PASSAGE)
     lifecycle = request.app[LIFECYCLE]
     if mark is not None and mark.plane == DATA and lifecycle.phase != SERVING:
-        lifecycle.count_abort(route_label(request.path))
+        lifecycle.count_abort(mark.route)
 
 
 def version_change(request: web.Request) -> bytes:
