@@ -36,7 +36,7 @@ class Budget:
         self.large_freed = False  # since the last trim
         self.trim = _malloc_trim()
 
-    def held(self, size: int) -> bool:
+    def try_hold(self, size: int) -> bool:
         """Take `size` bytes until the current request's task ends, its answer written out;
         False when they would pass the limit."""
         task = asyncio.current_task()
@@ -51,8 +51,8 @@ class Budget:
         return True
 
     def hold(self, size: int) -> None:
-        """As `held`, or a retryable 503 when the budget has no room for `size` bytes now."""
-        if not self.held(size):
+        """As `try_hold`, or a retryable 503 when the budget has no room for `size` bytes now."""
+        if not self.try_hold(size):
             raise BufferBudgetExhausted(
                 f"The sidecar holds as many request and response bodies as its memory budget"
                 f" allows (--buffer-budget-bytes {self.limit}); this body of {size} bytes would"

@@ -255,7 +255,7 @@ async def _relay(
     length = resp.content_length
     sse = is_event_stream(resp.headers.get("Content-Type"))
     # Read whole only within the memory budget; past it the answer streams, with backpressure.
-    if not sse and length is not None and length <= BUFFER_LIMIT and app[BUDGET].held(length):
+    if not sse and length is not None and length <= BUFFER_LIMIT and app[BUDGET].try_hold(length):
         return await buffered_reply(rec, resp, first or None)
     if unframed_json(resp) or chunked_json_read(resp):
         return await checked_json_reply(rec, resp)
