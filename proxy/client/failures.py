@@ -16,8 +16,6 @@ from proxy.core.resolution import ModelTable
 from proxy.observe.logs import text_field
 from proxy.observe.metrics import Metrics
 from proxy.observe.record import RequestRecord
-from proxy.upstream.discovery import Discovery
-from proxy.upstream.session import read_capped
 
 log = logging.getLogger("proxy.failures")  # its name before the layers: kept for filters
 
@@ -60,21 +58,17 @@ def sse_error(rec: RequestRecord, failure: SidecarFailure, info: ModelInfo | Non
     return envelope.sse_event(envelope.from_failure(failure, request_id=rec.request_id, model=info))
 
 
-async def error_reply(
+def error_reply(
     rec: RequestRecord,
     resp: aiohttp.ClientResponse,
+    raw: bytes,
+    truncated: bool,
     metrics: Metrics,
-    discovery: Discovery,
-    limit: int,
-    read: bytes = b"",
+    table: ModelTable,
 ) -> web.Response:
-    """An upstream 4xx/5xx: its status kept, its body parsed and attached to the envelope.
-    `read`: the whole body, where it was read already."""
-    raw, truncated = (read[:limit], len(read) > limit) if read else await read_capped(resp, limit)
-    if resp.status == 404 and rec.resolved is not None:
-        # vLLM no longer serves the name we resolved to (restarted under another name, adapter
-        # unloaded): re-read the list now rather than at the next scheduled discovery.
-        await discovery.refresh_on_miss()
+    """An upstream 4xx/5xx: its status kept, its body (`raw`, read up to the error body limit;
+    `truncated` if there was more) parsed and attached to the envelope. No I/O: the caller has
+    read the body, and refreshed the model table where a 404 calls for it."""
     content_type = resp.headers.get("Content-Type")
     reply = envelope.UpstreamReply(
         status=resp.status,
@@ -89,7 +83,7 @@ async def error_reply(
         ),
         body_truncated=truncated,
     )
-    info = model_info(rec, discovery.table, suggest=resp.status == 404)
+    info = model_info(rec, table, suggest=resp.status == 404)
     env = envelope.from_upstream_status(reply, request_id=rec.request_id, model=info)
     rec.fail(metrics, "upstream", "upstream_status", resp.status)
     headers = response_headers(resp.headers, rid=rec.request_id)

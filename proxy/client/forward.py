@@ -31,7 +31,14 @@ from proxy.engine.gate import held_again, named_version, passage, resendable, up
 from proxy.observe.metrics import METRICS
 from proxy.observe.record import CLIENT_CLOSED, RequestRecord
 from proxy.upstream.discovery import DISCOVERY
-from proxy.upstream.session import SESSION, UPSTREAM, UPSTREAM_ERRORS, classify, target
+from proxy.upstream.session import (
+    SESSION,
+    UPSTREAM,
+    UPSTREAM_ERRORS,
+    classify,
+    read_capped,
+    target,
+)
 
 from .budget import BUDGET
 from .drain import IN_FLIGHT
@@ -251,7 +258,15 @@ async def _relay(
         )
     if resp.status >= 400:
         limit = app[SETTINGS].error_body_bytes
-        return await error_reply(rec, resp, metrics, discovery, limit, first)
+        raw, truncated = (
+            (first[:limit], len(first) > limit) if first else await read_capped(resp, limit)
+        )
+        if resp.status == 404 and rec.resolved is not None:
+            # vLLM no longer serves the name we resolved to (restarted under another name,
+            # adapter unloaded): re-read the list now rather than at the next scheduled
+            # discovery, before the envelope suggests names from it.
+            await discovery.refresh_on_miss()
+        return error_reply(rec, resp, raw, truncated, metrics, discovery.table)
     length = resp.content_length
     sse = is_event_stream(resp.headers.get("Content-Type"))
     # Read whole only within the memory budget; past it the answer streams, with backpressure.
