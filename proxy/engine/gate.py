@@ -152,14 +152,14 @@ async def held_again(request: web.Request, rec: RequestRecord, attempt: int) -> 
 
 
 def upstream_started(request: web.Request, resp: aiohttp.ClientResponse) -> None:
-    """vLLM answered: a data-plane stream is watched for a phase stalling it (see stalls.py)."""
+    """vLLM answered: with a pod-wide hold deadline, a data-plane stream is watched for a phase
+    stalling it (see stalls.py); without one, a frozen stream stays open as with vLLM alone."""
     mark = request.get(PASSAGE)
-    if (
-        mark is not None
-        and mark.plane == DATA
-        and is_event_stream(resp.headers.get("Content-Type"))
-    ):
-        request.app[LIFECYCLE].stalls.add(mark, mark.route, resp)
+    if mark is None or mark.plane != DATA:
+        return
+    lifecycle = request.app[LIFECYCLE]
+    if lifecycle.hold_timeout is not None and is_event_stream(resp.headers.get("Content-Type")):
+        lifecycle.stalls.add(mark, mark.route, resp)
 
 
 async def stamp(request: web.Request, response: web.StreamResponse) -> None:
