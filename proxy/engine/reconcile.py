@@ -15,6 +15,7 @@ from proxy.core.phase import reconciled
 from proxy.upstream.engine_probe import Probe, ProbeFailed
 
 from .lifecycle import Lifecycle
+from .state import EngineState
 
 log = logging.getLogger("proxy.reconcile")  # its name before the layers: kept for filters
 
@@ -23,31 +24,31 @@ log = logging.getLogger("proxy.reconcile")  # its name before the layers: kept f
 READ, NO_DEV, SLOW, DOWN = "read", "no_dev", "slow", "down"
 
 
-async def reconcile_once(lifecycle: Lifecycle, probe: Probe, *, restarted: bool) -> str:
+async def reconcile_once(state: EngineState, probe: Probe, *, restarted: bool) -> str:
     """Ask vLLM once. A relayed control call in flight, or one answered while the probe was
     out, wins over what the probe read. A refused or reset connection marks vLLM down (held
     requests end at once); a timeout changes nothing: vLLM is slow during weight updates."""
-    epoch = lifecycle.epoch
+    epoch = state.epoch
     try:
         busy, version = await asyncio.gather(probe.busy(), probe.weight_version())
     except ProbeFailed as exc:
         log.debug("engine state unknown: %s", exc)
         if exc.timed_out:
             return SLOW
-        lifecycle.engine_down(str(exc))
+        state.engine_down(str(exc))
         return DOWN
-    lifecycle.engine_down(None)
-    if busy is not None and lifecycle.calls == 0 and lifecycle.epoch == epoch:
-        now = reconciled(lifecycle.engine, busy=busy, restarted=restarted)
-        if now.phase != lifecycle.phase:
+    state.engine_down(None)
+    if busy is not None and state.calls == 0 and state.epoch == epoch:
+        now = reconciled(state.engine, busy=busy, restarted=restarted)
+        if now.phase != state.phase:
             log.warning(
                 "engine is %s by vLLM's own flags, not %s: a call made around the sidecar?",
                 now.phase,
-                lifecycle.phase,
+                state.phase,
             )
-        lifecycle.set(now, "reconciled with vLLM")
-    if lifecycle.calls == 0 and lifecycle.epoch == epoch:
-        lifecycle.set_version(version)
+        state.set(now, "reconciled with vLLM")
+    if state.calls == 0 and state.epoch == epoch:
+        state.set_version(version)
     return NO_DEV if busy is None and version is None else READ
 
 
@@ -56,7 +57,7 @@ async def _loop(lifecycle: Lifecycle, probe: Probe, interval: float, idle: float
     while True:
         # After a spell of refused connections vLLM may have restarted: no sync survives
         # that. A timeout is not such a spell: vLLM is slow while it loads weights.
-        found = await reconcile_once(lifecycle, probe, restarted=down)
+        found = await reconcile_once(lifecycle.state, probe, restarted=down)
         if found != SLOW:
             down = found == DOWN
         # Without dev mode every probe is a 404 in vLLM's log: ask again only now and then.

@@ -1,4 +1,4 @@
-"""One engine phase for the pod: with `--workers N` the supervisor's lifecycle is the pod's.
+"""One engine phase for the pod: the steps workers relay to the supervisor, and their relay.
 
 A control call relayed by one worker must take effect on every worker at once: a worker that
 had not heard of a `/start_weight_update` would forward completions into the update, which
@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import Any
 
 from proxy.core import phase
-from proxy.core.phase import Engine
-from proxy.engine.lifecycle import Call, Lifecycle
-from proxy.observe.metrics import EngineMetrics
+from proxy.engine.state import Call, EngineState
+from proxy.engine.steps import LocalSteps
 
 from .podstate import Channel, Message
 
@@ -32,81 +29,43 @@ STEP_TIMEOUT = 15.0
 UNKNOWN: Call = 0  # a call the supervisor did not number (it did not answer in time)
 
 
-def snapshot(lifecycle: Lifecycle) -> Message:
-    engine = lifecycle.engine
-    return {
-        "engine": [engine.base, engine.syncing],
-        "version": lifecycle.version,
-        "down": lifecycle.down,
-    }
+class PodCalls:
+    """The supervisor's side: the steps workers relay, taken on the pod's state (`steps`), and
+    which worker opened which call."""
 
-
-class PodLifecycle(Lifecycle):
-    """The supervisor's: the pod's phase, each change published to every worker."""
-
-    def __init__(
-        self, metrics: EngineMetrics, *, publish: Callable[[Message], None], **kwargs: Any
-    ) -> None:
-        super().__init__(metrics, **kwargs)
-        self._publish = publish
+    def __init__(self, steps: LocalSteps) -> None:
+        self.steps = steps
         self.by_worker: dict[int, set[Call]] = {}
-
-    def set(self, engine: Engine, why: str) -> None:
-        if engine != self.engine:
-            super().set(engine, why)
-            self._publish(snapshot(self))
-
-    def set_version(self, version: str | None) -> None:
-        if version is not None and version != self.version:
-            super().set_version(version)
-            self._publish(snapshot(self))
-
-    def engine_down(self, why: str | None) -> None:
-        if why != self.down:
-            super().engine_down(why)
-            self._publish(snapshot(self))
 
     async def relayed(self, worker: int, step: Message) -> Message:
         """One step of a control call a worker relays; its answer once every worker was told."""
         kind, path = step["step"], step.get("path", "")
         if kind == "enter":
-            call = await self.enter(path)
+            call = await self.steps.enter(path)
             self.by_worker.setdefault(worker, set()).add(call)
             return {"call": call}
         call = step["call"]
         self.by_worker.get(worker, set()).discard(call)
         if kind == "failed":
-            await self.failed(call, path)
+            await self.steps.failed(call, path)
         elif kind == "answered":
-            await self.answered(call, path, step.get("query", ""))
+            await self.steps.answered(call, path, step.get("query", ""))
         else:
-            self.leave(call)
+            self.steps.leave(call)
         return {}
-
-    def describe(self) -> dict[str, object]:
-        # Held and running requests are each worker's: summed in vllm_sidecar_held_requests.
-        return {**super().describe(), "held_requests": None, "running_requests": None}
 
     def worker_gone(self, worker: int) -> None:
         """A worker died with calls open: their phases stand, as when a caller hangs up."""
         for call in self.by_worker.pop(worker, ()):
-            self.leave(call)
+            self.steps.leave(call)
 
 
-class Follower(Lifecycle):
-    """A worker's: the pod's phase as the supervisor sends it; each call step taken there."""
+class Relay:
+    """A worker's steps: each sent to the supervisor, which takes it on the pod's state and
+    publishes the result back (`EngineState.follow`); `state` is this worker's mirror."""
 
-    LEADS = False
-
-    def __init__(self, metrics: EngineMetrics, *, channel: Channel, **kwargs: Any) -> None:
-        super().__init__(metrics, **kwargs)
-        self._channel = channel
-
-    def apply(self, state: Message) -> None:
-        base, syncing = state["engine"]
-        Lifecycle.set(self, Engine(base, syncing), "the pod's phase")
-        Lifecycle.set_version(self, state["version"])
-        Lifecycle.engine_down(self, state.get("down"))
+    def __init__(self, state: EngineState, channel: Channel) -> None:
+        self.state, self._channel = state, channel
 
     async def _step(self, step: Message) -> Message | None:
         reply = await self._channel.ask({"lifecycle": step}, within=STEP_TIMEOUT)
@@ -124,7 +83,7 @@ class Follower(Lifecycle):
             asking.add_done_callback(lambda _: self._unsent(asking, path))
             raise
         if reply is None:  # the safe side: this worker at least enters the phase
-            Lifecycle.set(self, phase.on_send(self.engine, path), f"{path} sent")
+            self.state.set(phase.on_send(self.state.engine, path), f"{path} sent")
             return UNKNOWN
         return int(reply["call"])
 

@@ -22,15 +22,16 @@ from yarl import URL
 from proxy.client.admin import create_admin_app
 from proxy.client.drain import DRAIN, IN_FLIGHT
 from proxy.config.settings import Settings
-from proxy.engine.lifecycle import LIFECYCLE
+from proxy.engine.lifecycle import Lifecycle
+from proxy.engine.state import POD_LEAD
+from proxy.engine.steps import LocalSteps
 from proxy.observe import logs
 from proxy.observe.metrics import METRICS, EngineMetrics, Metrics, WorkerMetrics
-from proxy.upstream.discovery import DISCOVERY
 from proxy.wiring.app import create_app
 from proxy.wiring.server import flushing_logs_until
 
 from .multiproc import pod_registry, process_gone
-from .podlifecycle import PodLifecycle, snapshot
+from .podlifecycle import PodCalls
 from .podstate import Channel, Message, PodDiscovery
 
 log = logging.getLogger("proxy.supervisor")  # its name before the layers: kept for filters
@@ -60,6 +61,11 @@ class Worker:
 
 
 class Supervisor:
+    # The pod's discovery and engine state, made by `create_app` through the factories below.
+    discovery: PodDiscovery
+    lifecycle: Lifecycle
+    calls: PodCalls  # the steps of control calls the workers relay
+
     def __init__(self, settings: Settings, path: str) -> None:
         self.settings, self.path = settings, path
         self.workers: dict[int, Worker] = {}
@@ -82,24 +88,18 @@ class Supervisor:
         metrics.registry = pod_registry(path, self.declared, live=metrics.engine.state)
 
     def _discovery(self, settings: Settings, metrics: Metrics, base: URL) -> PodDiscovery:
-        return PodDiscovery(
+        self.discovery = PodDiscovery(
             settings, metrics, base, publish=self._broadcast, live_workers=self._live
         )
+        return self.discovery
 
-    def _lifecycle(self, metrics: EngineMetrics, **kwargs: Any) -> PodLifecycle:
-        return PodLifecycle(metrics, publish=self._send_all, **kwargs)
-
-    @property
-    def lifecycle(self) -> PodLifecycle:
-        found = self.pod[LIFECYCLE]
-        assert isinstance(found, PodLifecycle)
-        return found
-
-    @property
-    def discovery(self) -> PodDiscovery:
-        found = self.pod[DISCOVERY]
-        assert isinstance(found, PodDiscovery)
-        return found
+    def _lifecycle(self, metrics: EngineMetrics, **kwargs: Any) -> Lifecycle:
+        """The pod's lead copy: each change of its state is published to every worker."""
+        engine = self.lifecycle = Lifecycle(metrics, role=POD_LEAD, **kwargs)
+        state = engine.state
+        state.listeners.append(lambda _: self._send_all({**state.snapshot()}))
+        self.calls = PodCalls(LocalSteps(state, lambda: engine.probe))
+        return engine
 
     def _live(self) -> int:
         return sum(w.listening and w.proc.returncode is None for w in self.workers.values())
@@ -160,7 +160,7 @@ class Supervisor:
             {
                 "settings": self.settings.for_worker(),
                 "state": self.discovery.state,
-                **snapshot(self.lifecycle),
+                **self.lifecycle.state.snapshot(),
             }
         )
         worker.tasks = [
@@ -181,7 +181,7 @@ class Supervisor:
                 await self.discovery.refresh_on_miss()
                 channel.send({"state": self.discovery.state, "reply": message["ask"]})
             elif "lifecycle" in message:
-                answer = await self.lifecycle.relayed(worker.index, message["lifecycle"])
+                answer = await self.calls.relayed(worker.index, message["lifecycle"])
                 if "ask" in message:
                     channel.send({**answer, "reply": message["ask"]})
 
@@ -190,7 +190,7 @@ class Supervisor:
         code = await worker.proc.wait()
         worker.channel.close()
         process_gone(worker.proc.pid, self.path)
-        self.lifecycle.worker_gone(worker.index)
+        self.calls.worker_gone(worker.index)
         self.metrics.live.set(self._live())
         if self.stopping:
             return

@@ -12,26 +12,57 @@ import logging
 import os
 import socket
 import sys
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
+from yarl import URL
 
 from proxy.client.connections import CONNECTIONS
 from proxy.client.drain import IN_FLIGHT
 from proxy.config.settings import SETTINGS, Settings
-from proxy.engine.lifecycle import LIFECYCLE
+from proxy.engine.lifecycle import Lifecycle
+from proxy.engine.state import FOLLOWER, EngineState, Snapshot
 from proxy.observe import logs
-from proxy.observe.metrics import EngineMetrics
-from proxy.upstream.discovery import DISCOVERY
+from proxy.observe.metrics import EngineMetrics, Metrics
 from proxy.wiring import server
 from proxy.wiring.app import create_app
 
-from .podlifecycle import Follower
+from .podlifecycle import Relay
 from .podstate import Channel, FollowerDiscovery, Message
 from .workers import shared_socket
 
 log = logging.getLogger("proxy.worker")  # its name before the layers: kept for filters
+
+
+class Mirror:
+    """A worker's copy of the pod's state: the discovery and engine state `create_app` makes
+    through its factories, kept in step with the supervisor's messages."""
+
+    discovery: FollowerDiscovery
+    engine: EngineState
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+
+    def make_discovery(self, settings: Settings, metrics: Metrics, base: URL) -> FollowerDiscovery:
+        self.discovery = FollowerDiscovery(settings, metrics, base, self._channel)
+        return self.discovery
+
+    def make_lifecycle(self, metrics: EngineMetrics, **kwargs: Any) -> Lifecycle:
+        lifecycle = Lifecycle(metrics, role=FOLLOWER, relay=self._relay, **kwargs)
+        self.engine = lifecycle.state
+        return lifecycle
+
+    def _relay(self, state: EngineState) -> Relay:
+        return Relay(state, self._channel)
+
+    def apply(self, message: Message) -> None:
+        """The pod's state in a supervisor's message: discovery's, the engine's, or both."""
+        if "state" in message:
+            self.discovery.apply(message["state"])
+        if "engine" in message:
+            self.engine.follow(cast(Snapshot, message))
 
 
 async def main(sock: socket.socket) -> None:
@@ -41,21 +72,18 @@ async def main(sock: socket.socket) -> None:
         return
     settings = Settings.model_validate(hello["settings"])
     logs.setup(settings.log_level, settings.log_format, access_log=settings.access_log, shared=True)
-
-    def follower(metrics: EngineMetrics, **kwargs: Any) -> Follower:
-        return Follower(metrics, channel=channel, **kwargs)
-
+    mirror = Mirror(channel)
     # The samples land in this process's files in the pod's multiprocess directory, which the
     # supervisor's /metrics merges; this registry itself is never exported.
     app = create_app(
         settings,
         registry=CollectorRegistry(),
-        discovery=lambda s, m, b: FollowerDiscovery(s, m, b, channel),
-        lifecycle=follower,
+        discovery=mirror.make_discovery,
+        lifecycle=mirror.make_lifecycle,
     )
     stop = asyncio.Event()
-    apply(app, hello)
-    following = asyncio.create_task(follow(app, channel))
+    mirror.apply(hello)
+    following = asyncio.create_task(follow(mirror, app, channel))
     following.add_done_callback(lambda _: stop.set())
     listening = shared_socket(settings.host, settings.port, listen=True)
     channel.send({"listening": os.getpid()})
@@ -66,23 +94,11 @@ async def main(sock: socket.socket) -> None:
         channel.close()
 
 
-def apply(app: web.Application, message: Message) -> None:
-    """The pod's state in a supervisor's message: discovery's, the engine's, or both."""
-    if "state" in message:
-        discovery = app[DISCOVERY]
-        assert isinstance(discovery, FollowerDiscovery)
-        discovery.apply(message["state"])
-    if "engine" in message:
-        lifecycle = app[LIFECYCLE]
-        assert isinstance(lifecycle, Follower)
-        lifecycle.apply(message)
-
-
-async def follow(app: web.Application, channel: Channel) -> None:
+async def follow(mirror: Mirror, app: web.Application, channel: Channel) -> None:
     """Apply every state the supervisor sends, and drain when it asks, until it goes away."""
     draining: set[asyncio.Task[None]] = set()
     while (message := await channel.receive()) is not None:
-        apply(app, message)
+        mirror.apply(message)
         if "drain" in message:
             task = asyncio.create_task(_drain(app, channel, message["ask"]))
             draining.add(task)

@@ -30,7 +30,7 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         app[SESSION] = session
         async with app[DISCOVERY].running(session):
             lifecycle = app[LIFECYCLE]
-            if not lifecycle.LEADS:  # a worker's follows the supervisor's, which reconciles
+            if not lifecycle.role.leads:  # a worker's follows the supervisor's, which reconciles
                 yield
                 return
             async with reconciling(lifecycle, session, app[UPSTREAM], app[SETTINGS]):
@@ -77,7 +77,7 @@ def create_app(
         token=settings.control_secret(),
         long_after=settings.phase_long_after,
     )
-    app[DISCOVERY].patient = lambda: engine.phase != SERVING or engine.calls > 0
+    app[DISCOVERY].patient = lambda: engine.phase != SERVING or engine.state.calls > 0
     app.on_response_prepare.append(stamp)
     app.cleanup_ctx.append(_upstream_ctx)
     # `[\s\S]`, not `.`: a path with an encoded newline (`%0A`) is a path too.
