@@ -14,7 +14,6 @@ import contextlib
 import itertools
 import logging
 import socket
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -25,7 +24,7 @@ from yarl import URL
 from proxy.config.settings import Settings
 from proxy.core.resolution import ServedModel
 from proxy.observe.metrics import Metrics
-from proxy.upstream.discovery import Discovery
+from proxy.upstream.discovery import Discovery, read_bound
 
 log = logging.getLogger("proxy.podstate")  # its name before the layers: kept for filters
 
@@ -90,7 +89,8 @@ def snapshot(discovery: Discovery) -> Message:
 
 
 class PodDiscovery(Discovery):
-    """The supervisor's: the checks of `Discovery`, each change published through `publish`."""
+    """The supervisor's: the upstream checks of `Discovery`, each change published through
+    `publish`; ready only while a worker serves."""
 
     def __init__(
         self,
@@ -101,26 +101,16 @@ class PodDiscovery(Discovery):
         publish: Callable[[Message], None],
         live_workers: Callable[[], int],
     ) -> None:
-        super().__init__(settings, metrics, base)
+        super().__init__(settings, metrics, base, on_change=self._changed)
         self._publish, self._live_workers = publish, live_workers
         self.state = snapshot(self)
 
     def _changed(self) -> None:
+        # Where health changes, also when a check itself failed (discovery's guarded loop).
         state = snapshot(self)
         if state != self.state:
             self.state = state
             self._publish(state)
-
-    async def refresh(self) -> bool:
-        try:
-            return await super().refresh()
-        finally:
-            self._changed()
-
-    def _set_health(self, ok: bool, error: str) -> None:
-        # Where health changes, also when a check itself failed (discovery's guarded loop).
-        super()._set_health(ok, error)
-        self._changed()
 
     def readiness(self, *, draining: bool = False) -> tuple[bool, dict[str, Any]]:
         ready, detail = super().readiness(draining=draining)
@@ -132,27 +122,30 @@ class PodDiscovery(Discovery):
         return ready, detail
 
 
-class FollowerDiscovery(Discovery):
-    """A worker's: the supervisor's state, applied as it arrives; runs no checks of its own."""
+def follow(discovery: Discovery, state: Message) -> None:
+    """A worker's discovery takes the supervisor's state as it arrives."""
+    discovery.mirror(
+        [ServedModel(i, r) for i, r in state["served"]],
+        known=state["models_known"],
+        healthy=state["healthy"],
+        error=state["last_error"],
+    )
 
-    def __init__(self, settings: Settings, metrics: Metrics, base: URL, channel: Channel) -> None:
-        super().__init__(settings, metrics, base)
-        self._channel = channel
 
-    def apply(self, state: Message) -> None:
-        self.table = self._table([ServedModel(i, r) for i, r in state["served"]])
-        self.models_known = state["models_known"]
-        self.healthy, self.last_error = state["healthy"], state["last_error"]
-        self._metrics.upstream_up.set(1 if self.healthy else 0)
+class AskSupervisor:
+    """A worker's discovery `Source`: the supervisor reads for the pod; a worker runs no checks
+    and, meeting an unknown name, asks the supervisor to re-read (rate-limited pod-wide)."""
 
-    async def _read_models(self) -> bool:
-        """Ask the supervisor to re-read the served list (rate-limited pod-wide), and wait: its
-        answer carries the state, applied by `worker.follow` before this returns. `refresh` and
-        `refresh_on_miss` are Discovery's, single-flight as in one process."""
-        self._last_refresh = time.monotonic()
-        if await self._channel.ask({"miss": True}, within=self._seconds()) is None:
+    def __init__(self, discovery: Discovery, channel: Channel) -> None:
+        self._discovery, self._channel = discovery, channel
+
+    async def read_models(self) -> bool:
+        """Ask, and wait: the answer carries the state, applied by `worker.follow` before this
+        returns. `refresh` and `refresh_on_miss` stay Discovery's, single-flight as alone."""
+        within = read_bound(self._discovery.settings)
+        if await self._channel.ask({"miss": True}, within=within) is None:
             log.warning("the supervisor did not answer a refresh request in time")
-        return self.models_known
+        return self._discovery.models_known
 
     @contextlib.asynccontextmanager
     async def running(self, session: aiohttp.ClientSession) -> AsyncIterator[None]:

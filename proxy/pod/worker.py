@@ -25,11 +25,13 @@ from proxy.engine.lifecycle import Lifecycle
 from proxy.engine.state import FOLLOWER, EngineState, Snapshot
 from proxy.observe import logs
 from proxy.observe.metrics import EngineMetrics, Metrics
+from proxy.upstream.discovery import Discovery
 from proxy.wiring import server
 from proxy.wiring.app import create_app
 
 from .podlifecycle import Relay
-from .podstate import Channel, FollowerDiscovery, Message
+from .podstate import AskSupervisor, Channel, Message
+from .podstate import follow as follow_discovery
 from .workers import shared_socket
 
 log = logging.getLogger("proxy.worker")  # its name before the layers: kept for filters
@@ -39,15 +41,18 @@ class Mirror:
     """A worker's copy of the pod's state: the discovery and engine state `create_app` makes
     through its factories, kept in step with the supervisor's messages."""
 
-    discovery: FollowerDiscovery
+    discovery: Discovery
     engine: EngineState
 
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
 
-    def make_discovery(self, settings: Settings, metrics: Metrics, base: URL) -> FollowerDiscovery:
-        self.discovery = FollowerDiscovery(settings, metrics, base, self._channel)
+    def make_discovery(self, settings: Settings, metrics: Metrics, base: URL) -> Discovery:
+        self.discovery = Discovery(settings, metrics, base, source=self._ask)
         return self.discovery
+
+    def _ask(self, discovery: Discovery) -> AskSupervisor:
+        return AskSupervisor(discovery, self._channel)
 
     def make_lifecycle(self, metrics: EngineMetrics, **kwargs: Any) -> Lifecycle:
         lifecycle = Lifecycle(metrics, role=FOLLOWER, relay=self._relay, **kwargs)
@@ -60,7 +65,7 @@ class Mirror:
     def apply(self, message: Message) -> None:
         """The pod's state in a supervisor's message: discovery's, the engine's, or both."""
         if "state" in message:
-            self.discovery.apply(message["state"])
+            follow_discovery(self.discovery, message["state"])
         if "engine" in message:
             self.engine.follow(cast(Snapshot, message))
 
