@@ -24,6 +24,7 @@ class InFlight:
 
     def __init__(self) -> None:
         self.tasks: set[asyncio.Task[object]] = set()
+        self._cut: set[asyncio.Task[object]] = set()  # those `drain` cancelled at its deadline
         self._draining = False
 
     @property
@@ -43,6 +44,12 @@ class InFlight:
     def discard(self, task: asyncio.Task[object] | None) -> None:
         if task is not None:
             self.tasks.discard(task)
+            self._cut.discard(task)
+
+    def cut(self, task: asyncio.Task[object] | None) -> bool:
+        """Whether `task` was cancelled by the drain's deadline, not by its client hanging up:
+        the one place that tells the two apart (each is answered and counted differently)."""
+        return task in self._cut
 
     async def settle(self, grace: float) -> int:
         """Wait up to `grace` seconds until nothing is in flight; how many still are."""
@@ -60,6 +67,7 @@ class InFlight:
         if await self.settle(grace):
             log.warning("grace period over: stopping %d requests", len(self.tasks))
             for task in list(self.tasks):
+                self._cut.add(task)
                 task.cancel()
             await asyncio.wait(set(self.tasks), timeout=5)
 

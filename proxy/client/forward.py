@@ -61,12 +61,13 @@ async def handle(request: web.Request) -> web.StreamResponse:
     rec.client_request_id = hdrs.refused_request_id(request.headers, rec.request_id)
     in_flight = metrics.in_flight.labels(rec.route)
     in_flight.inc()
-    task = request.app[IN_FLIGHT].add()
+    handlers = request.app[IN_FLIGHT]
+    task = handlers.add()
     try:
         return await _respond(request, rec)
     except asyncio.CancelledError:
-        # The client hung up (handler cancellation), or the shutdown grace period ran out.
-        if request.app[IN_FLIGHT].draining:
+        # The shutdown grace period ran out (the drain cut it), or the client hung up.
+        if handlers.cut(task):
             if rec.status == 0 and task is not None:
                 task.uncancel()  # nothing sent yet: the client still gets its envelope
                 table = request.app[DISCOVERY].table
@@ -77,7 +78,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
         rec.status = CLIENT_CLOSED if rec.status == 0 else rec.status
         raise
     finally:
-        request.app[IN_FLIGHT].discard(task)
+        handlers.discard(task)
         in_flight.dec()
         rec.finish(metrics)
 

@@ -62,3 +62,30 @@ async def test_drain_cancels_what_the_grace_did_not_see_end() -> None:
     await tracked.drain(0.01)
     assert task.cancelled()
     assert tracked.tasks == set()
+
+
+async def test_only_the_drains_deadline_is_a_cut_not_a_hang_up() -> None:
+    tracked, release = InFlight(), asyncio.Event()
+    verdicts: list[bool] = []
+
+    async def handler() -> None:
+        task = tracked.add()
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            verdicts.append(tracked.cut(task))
+            raise
+        finally:
+            tracked.discard(task)
+
+    hung_up = asyncio.create_task(handler())
+    await asyncio.sleep(0)
+    tracked.begin_draining()
+    hung_up.cancel()  # its client left while the sidecar drained: still a hang-up
+    await asyncio.gather(hung_up, return_exceptions=True)
+    cut = asyncio.create_task(handler())
+    await asyncio.sleep(0)
+    await tracked.drain(0.01)
+    assert cut.cancelled()
+    assert verdicts == [False, True]
+    assert not tracked.cut(cut)  # forgotten once it ended
