@@ -10,10 +10,12 @@ from dataclasses import dataclass, field, replace
 SERVING, PAUSED, SLEEPING, WEIGHT_SYNC = "serving", "paused", "sleeping", "weight_sync"
 PHASES = (SERVING, PAUSED, SLEEPING, WEIGHT_SYNC)
 
-_SYNC_START = frozenset(("/start_weight_update", "/start_draft_weight_update"))
+SYNC_START = frozenset(("/start_weight_update", "/start_draft_weight_update"))
 _SYNC_END = frozenset(("/finish_weight_update",))
 # Calls that change the phase; every other control call (LoRA, caches, collective_rpc) leaves it.
-TRANSITIONS = frozenset(("/pause", "/resume", "/sleep", "/wake_up")) | _SYNC_START | _SYNC_END
+TRANSITIONS = frozenset(("/pause", "/resume", "/sleep", "/wake_up")) | SYNC_START | _SYNC_END
+# Calls after whose answer the weight version is read again.
+VERSIONING = _SYNC_END | {"/update_weight_version"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +44,7 @@ def on_send(engine: Engine, path: str) -> Engine:
         return replace(engine, base=PAUSED)
     if path == "/sleep":
         return replace(engine, base=SLEEPING)
-    if path in _SYNC_START:
+    if path in SYNC_START:
         return replace(engine, syncing=True)
     return engine
 

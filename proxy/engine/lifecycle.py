@@ -29,7 +29,7 @@ from proxy.upstream.session import Interrupted
 
 from .stalls import MIN_QUIET, Stalls
 from .state import ALONE, Change, EngineState, Role
-from .steps import VERSIONING, LocalSteps, Steps
+from .steps import LocalSteps, Steps
 
 log = logging.getLogger("proxy.lifecycle")  # its name before the layers: kept for filters
 
@@ -199,7 +199,7 @@ class Lifecycle:
     @contextlib.asynccontextmanager
     async def control_call(self, path: str, rec: RequestRecord, query: str) -> AsyncIterator[None]:
         """Enter the call's phase when it is sent; settle it on the answer, revert on failure."""
-        if path not in phase.TRANSITIONS and path not in VERSIONING:
+        if path not in phase.TRANSITIONS and path not in phase.VERSIONING:
             yield
             return
         self._warn_unpaused(path)
@@ -224,7 +224,7 @@ class Lifecycle:
     def _warn_unpaused(self, path: str) -> None:
         """Requests running into an update outside any pause or sleep: that crashed vLLM."""
         unpaused = self.state.engine.base == SERVING and self.running
-        if path in ("/start_weight_update", "/start_draft_weight_update") and unpaused:
+        if path in phase.SYNC_START and unpaused:
             self.metrics.unpaused_sync.inc(self.running)
             log.warning(
                 "%s with %d requests running: pause the engine before updating weights "

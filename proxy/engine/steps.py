@@ -12,11 +12,10 @@ import contextlib
 from collections.abc import Callable
 from typing import Protocol
 
+from proxy.core.phase import VERSIONING
 from proxy.upstream.engine_probe import Probe, ProbeFailed
 
 from .state import Call, EngineState
-
-VERSIONING = frozenset(("/finish_weight_update", "/update_weight_version"))
 
 
 class Steps(Protocol):
