@@ -28,6 +28,7 @@ lint: test-env
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check proxy
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 ## The full suite, as CI runs it: the 3.11 suite, then the skyrl 0.4 tests on 3.12.
 test: test-env lint

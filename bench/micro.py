@@ -33,10 +33,11 @@ def pieces() -> dict[str, float]:
     from multidict import CIMultiDict, CIMultiDictProxy
     from prometheus_client import CollectorRegistry
 
-    from proxy import headers, logs
-    from proxy.metrics import Metrics
-    from proxy.record import RequestRecord
-    from proxy.sse import ErrorWatcher
+    from proxy.core import headers
+    from proxy.core.sse import ErrorWatcher
+    from proxy.observe import logs
+    from proxy.observe.metrics import Metrics
+    from proxy.observe.record import RequestRecord
 
     metrics = Metrics(CollectorRegistry())
 

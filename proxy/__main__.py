@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from . import cores, logs
-from .settings import load
+from proxy.config.settings import load
+from proxy.observe import logs
+from proxy.pod import cores
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -18,11 +19,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     # Imported only now: with several workers, prometheus_client must first see its
     # multiprocess directory (see `workers`).
     if settings.workers == 1:
-        from . import server
+        from proxy.wiring import server
 
         server.run(settings)
     else:
-        from . import workers
+        from proxy.pod import workers
 
         workers.run(settings)
 

@@ -11,9 +11,9 @@ import pytest
 from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
-from proxy.admin import create_admin_app
-from proxy.app import create_app
-from proxy.settings import Settings
+from proxy.client.admin import create_admin_app
+from proxy.config.settings import Settings
+from proxy.wiring.app import create_app
 from tests.fake_vllm import FakeVLLM
 from tests.processes import SidecarProcess
 from tests.sidecar import MakeSidecar, Sidecar, StartSidecar

@@ -13,7 +13,7 @@ from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient
 from prometheus_client import CollectorRegistry
 
-from proxy.keys import DISCOVERY
+from proxy.upstream.discovery import DISCOVERY
 from tests.metrics import metric_value, require_metric
 from tests.support import eventually
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.keys import DISCOVERY, IN_FLIGHT
+from proxy.client.drain import IN_FLIGHT
+from proxy.upstream.discovery import DISCOVERY
 from tests.fake_vllm import FakeVLLM, respond
 from tests.sidecar import MakeSidecar, Sidecar
 from tests.support import eventually, free_port

@@ -12,7 +12,7 @@ import openai
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.keys import LIFECYCLE
+from proxy.engine.lifecycle import LIFECYCLE
 from tests.fake_vllm import FakeVLLM, hang, raw, respond, sse_chunk, start_sse
 from tests.sidecar import MakeSidecar, Sidecar
 from tests.support import eventually

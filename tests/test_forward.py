@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from proxy.keys import DISCOVERY
+from proxy.upstream.discovery import DISCOVERY
 from tests.fake_vllm import FakeVLLM, respond, sse_chunk, start_sse
 from tests.sidecar import MakeSidecar, Sidecar, raw_http
 

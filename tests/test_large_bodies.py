@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.inbound import HEAD_BYTES, STREAM_FROM
+from proxy.client.inbound import HEAD_BYTES, STREAM_FROM
 from tests.fake_vllm import FakeVLLM, json_response
 from tests.sidecar import MakeSidecar, Sidecar
 

@@ -13,7 +13,8 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from proxy.keys import DISCOVERY, LIFECYCLE
+from proxy.engine.lifecycle import LIFECYCLE
+from proxy.upstream.discovery import DISCOVERY
 from tests.fake_vllm import FakeVLLM, dumps, error_body, hang, paused_rejection, raw, reset, respond
 from tests.sidecar import MakeSidecar, Sidecar, assert_envelope, read_events
 from tests.support import eventually
@@ -119,7 +120,7 @@ async def test_a_bad_hold_deadline_is_the_clients_error(
 async def test_the_shorter_of_two_hold_deadlines_applies(
     upstream: TestServer, make_sidecar: MakeSidecar, pod: float, asked: str, cited: str
 ) -> None:
-    # Guards: Lifecycle._deadline choosing the shorter deadline and citing it.
+    # Guards: EngineState.deadline choosing the shorter deadline and citing it.
     sidecar = await make_sidecar(str(upstream.make_url("")), phase_hold_timeout=pod)
     await control(sidecar, "/pause")
     resp = await asyncio.wait_for(complete(sidecar, headers={HOLD: asked}), 5)
@@ -131,7 +132,7 @@ async def test_the_shorter_of_two_hold_deadlines_applies(
 async def test_an_engine_that_dies_ends_the_holds_at_once(
     defaults: Sidecar, fake: FakeVLLM, gone: str
 ) -> None:
-    # Guards: reconcile_once marking vLLM down on a refused probe, and Lifecycle._check_up.
+    # Guards: reconcile_once marking vLLM down on a refused probe, and EngineState.check_up.
     lifecycle = defaults.app[LIFECYCLE]
     await control(defaults, "/pause")
     held = await hold(defaults)
@@ -147,7 +148,7 @@ async def test_an_engine_that_dies_ends_the_holds_at_once(
     assert (engine["phase"], engine["held_requests"]) == ("paused", 0)
     assert outcome(defaults, "engine_down") == 2
     fake.scripts["GET /is_paused"].clear()  # vLLM answers again
-    await eventually(lambda: lifecycle.down is None, "vLLM is seen up again")
+    await eventually(lambda: lifecycle.state.down is None, "vLLM is seen up again")
 
 
 async def test_a_probe_that_times_out_does_not_end_a_weight_sync(
@@ -161,7 +162,7 @@ async def test_a_probe_that_times_out_does_not_end_a_weight_sync(
     await eventually(lambda: fake.cancelled.count("/is_paused") == 2, "two probes timed out")
     probes = forwarded(fake, "/is_paused")
     await eventually(lambda: forwarded(fake, "/is_paused") >= probes + 3, "probes answered")
-    assert (lifecycle.phase, lifecycle.down, lifecycle.held) == ("weight_sync", None, 1)
+    assert (lifecycle.phase, lifecycle.state.down, lifecycle.held) == ("weight_sync", None, 1)
     assert not held.done()
     assert forwarded(fake) == 0
     await control(defaults, "/finish_weight_update", json={"weight_version": "step-1"})
@@ -182,12 +183,12 @@ async def test_a_control_call_cut_off_in_its_body_never_enters_its_phase(
     in_flight = "vllm_sidecar_in_flight_requests"
     route = "/start_weight_update"
     await eventually(lambda: defaults.metric(in_flight, route=route) == 1, "the body is awaited")
-    awaiting = (lifecycle.phase, lifecycle.calls)
+    awaiting = (lifecycle.phase, lifecycle.state.calls)
     writer.close()  # before it reached vLLM
     await writer.wait_closed()
     await eventually(lambda: defaults.metric(in_flight, route=route) == 0, "the call is over")
     assert awaiting == ("serving", 0)
-    assert (lifecycle.phase, lifecycle.calls) == ("serving", 0)
+    assert (lifecycle.phase, lifecycle.state.calls) == ("serving", 0)
     assert forwarded(fake, route) == 0
     assert (await complete(defaults)).status == 200
 

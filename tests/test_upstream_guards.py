@@ -29,8 +29,8 @@ async def test_an_idle_upstream_connection_is_dropped_before_uvicorns_5_s(
     fake: FakeVLLM, aiohttp_server: Any, make_sidecar: MakeSidecar
 ) -> None:
     # uvicorn (vLLM's server) closes a keep-alive connection idle for 5 s; a POST sent on it
-    # while it closes is lost with a 502 (see proxy/upstream.py). So the sidecar must not reuse
-    # a connection idle that long: its bound is 4 s. After 4.5 s idle (a window no scheduling
+    # while it closes is lost with a 502 (see proxy/upstream/session.py). So the sidecar must not
+    # reuse a connection idle that long: its bound is 4 s. After 4.5 s idle (a window no scheduling
     # delay can shrink) the next request must come on a new connection; with aiohttp's default
     # of 15 s, or any bound of 4.5 s or more, it would reuse the old one.
     app = fake.app()

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.settings import Settings
+from proxy.config.settings import Settings
 from tests.support import free_port
 
 from ._processes import Stack, http_get, start_sidecar

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from proxy.phase import PHASES, SERVING
-from proxy.settings import Settings
+from proxy.config.settings import Settings
+from proxy.core.phase import PHASES, SERVING
 
 from ._support import (
     COMPOSE,

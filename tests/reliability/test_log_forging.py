@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from proxy.logs import JSONFormatter
+from proxy.observe.logs import JSONFormatter
 from tests.sidecar import Sidecar
 
 FIELD_CHARS = 256  # what the log keeps of a client-sent value (proxy.logs.FIELD_CHARS)

@@ -9,9 +9,9 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy import envelope, errors
-from proxy.body import find_model, replace_model
-from proxy.resolution import AMBIGUOUS, CASE, EXACT, RULES, UNRESOLVED, ModelTable, ServedModel
+from proxy.core import envelope, errors
+from proxy.core.body import find_model, replace_model
+from proxy.core.resolution import AMBIGUOUS, CASE, EXACT, RULES, UNRESOLVED, ModelTable, ServedModel
 
 # Names shaped like the real ones: HF paths, basenames, local paths; small alphabets make
 # collisions (ambiguity, case clashes) common enough to matter.
@@ -95,7 +95,11 @@ def test_every_served_name_resolves_to_itself(served: list[ServedModel], case: b
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
     max_leaves=10,
 )

@@ -13,9 +13,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
-from proxy.app import create_app
-from proxy.keys import DISCOVERY, SESSION
-from proxy.settings import Settings
+from proxy.config.settings import Settings
+from proxy.upstream.discovery import DISCOVERY
+from proxy.upstream.session import SESSION
+from proxy.wiring.app import create_app
 from tests.fake_vllm import FakeVLLM, raw, start_sse
 from tests.sidecar import MakeSidecar, Sidecar, failures, raw_http
 from tests.support import eventually, free_port

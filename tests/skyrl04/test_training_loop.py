@@ -31,7 +31,7 @@ from skyrl.backends.skyrl_train.inference_servers.remote_inference_client import
 )
 from skyrl.backends.skyrl_train.weight_sync.control_plane import SkyrlWeightSyncClient
 
-from proxy.phase import next_version
+from proxy.core.phase import next_version
 from tests.e2e._servers import TinyModel, VllmServer
 from tests.e2e._support import metric
 from tests.processes import ManagedProcess, SidecarProcess, running

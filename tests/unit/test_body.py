@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.body import (
+from proxy.core.body import (
     MAX_MODEL_CHARS,
     MAX_SLICES,
     ModelField,
@@ -20,8 +20,8 @@ from proxy.body import (
     scan_model_in_head,
     step,
 )
-from proxy.errors import InvalidJSON, InvalidModel, InvalidRequest
-from proxy.jsonskip import WINDOW
+from proxy.core.errors import InvalidJSON, InvalidModel, InvalidRequest
+from proxy.core.jsonskip import WINDOW
 
 
 def find_model_in_head(head: bytes) -> ModelField | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.control import CONTROL, DATA, authorized, plane
+from proxy.core.control import CONTROL, DATA, authorized, plane
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,17 @@
-"""Weight versions as vLLM may report them, made fit for a header and a label."""
+"""The engine probe: weight versions made fit for a header, and vLLM's flags read from a server."""
 
 from __future__ import annotations
 
-import pytest
+from collections.abc import AsyncIterator
+from typing import Any
 
-from proxy.engine_probe import MAX_VERSION, clean_version
+import aiohttp
+import pytest
+from aiohttp import web
+from pytest_aiohttp.plugin import AiohttpServer
+from yarl import URL
+
+from proxy.upstream.engine_probe import MAX_VERSION, Probe, ProbeFailed, clean_version
 
 
 @pytest.mark.parametrize(
@@ -20,3 +27,65 @@ from proxy.engine_probe import MAX_VERSION, clean_version
 )
 def test_clean_version(reported: object, kept: str) -> None:
     assert clean_version(reported) == kept
+
+
+# -- vLLM's flags, read from a tiny server (`Probe.busy`, `Probe.sleeping`, the version) ------
+
+Flags = dict[str, Any]
+
+
+def vllm(flags: Flags) -> web.Application:
+    """A server with the dev-mode routes whose answers `flags` scripts (a missing key: 404)."""
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        key = request.path.strip("/")
+        if key not in flags:
+            raise web.HTTPNotFound()
+        value = flags[key]
+        if isinstance(value, bytes):
+            return web.Response(body=value, content_type="application/json")
+        return web.json_response(value)
+
+    app = web.Application()
+    app.router.add_get("/{route}", answer)
+    return app
+
+
+async def probe_of(aiohttp_server: AiohttpServer, flags: Flags) -> AsyncIterator[Probe]:
+    server = await aiohttp_server(vllm(flags))
+    async with aiohttp.ClientSession() as session:
+        yield Probe(session, server.make_url(""), timeout=2.0)
+
+
+@pytest.mark.parametrize(
+    ("flags", "busy"),
+    [
+        ({"is_paused": {"is_paused": True}, "is_sleeping": {"is_sleeping": False}}, True),
+        ({"is_paused": {"is_paused": False}, "is_sleeping": {"is_sleeping": True}}, True),
+        ({"is_paused": {"is_paused": False}, "is_sleeping": {"is_sleeping": False}}, False),
+        ({"is_paused": {"is_paused": False}}, False),  # one flag known is enough
+        ({}, None),  # no dev mode: both 404
+        ({"is_paused": b"not json", "is_sleeping": {"is_sleeping": "yes"}}, None),
+        ({"is_paused": [True], "is_sleeping": {}}, None),
+    ],
+)
+async def test_busy_reads_both_flags(
+    aiohttp_server: AiohttpServer, flags: Flags, busy: bool | None
+) -> None:
+    async for probe in probe_of(aiohttp_server, flags):
+        assert await probe.busy() is busy
+
+
+async def test_sleeping_and_the_version(aiohttp_server: AiohttpServer) -> None:
+    flags = {"is_sleeping": {"is_sleeping": True}, "weight_info": {"weight_version": "a\nb"}}
+    async for probe in probe_of(aiohttp_server, flags):
+        assert await probe.sleeping() is True
+        assert await probe.weight_version() == "a?b"
+
+
+async def test_an_unreachable_vllm_is_a_failed_probe_not_a_flag() -> None:
+    async with aiohttp.ClientSession() as session:
+        probe = Probe(session, URL("http://127.0.0.1:9"), timeout=2.0)  # discard: refused
+        with pytest.raises(ProbeFailed) as failed:
+            await probe.busy()
+    assert not failed.value.timed_out

@@ -8,9 +8,9 @@ import zlib
 
 import pytest
 
-from proxy import envelope
-from proxy.envelope import ModelInfo, UpstreamReply
-from proxy.errors import BodyTooLarge, ModelAmbiguous, UpstreamTimeout, UpstreamUnreachable
+from proxy.core import envelope
+from proxy.core.envelope import ModelInfo, UpstreamReply
+from proxy.core.errors import BodyTooLarge, ModelAmbiguous, UpstreamTimeout, UpstreamUnreachable
 
 VLLM_404 = (
     b'{"error":{"message":"The model `X` does not exist. Valid aliases: Y.",'

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from multidict import CIMultiDict
 
-from proxy.headers import drop, request_id, response_headers, upstream_request_headers
+from proxy.core.headers import drop, request_id, response_headers, upstream_request_headers
 
 
 def test_hop_by_hop_and_connection_named_fields_are_dropped() -> None:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from proxy.logs import (
+from proxy.observe.logs import (
     FIELD_CHARS,
     BufferedStreamHandler,
     JSONFormatter,
@@ -62,7 +62,7 @@ def test_json_lines_carry_the_request_fields() -> None:
 
 WRITER = """
 import logging, sys
-from proxy.logs import BufferedStreamHandler, WholeLines
+from proxy.observe.logs import BufferedStreamHandler, WholeLines
 handler = BufferedStreamHandler(WholeLines(1))
 for i in range(20000):
     line = sys.argv[1] * 200 + str(i)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.resolution import (
+from proxy.core.resolution import (
     ModelTable,
     ServedModel,
     basename,

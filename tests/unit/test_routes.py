@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.control import plane
-from proxy.routes import CONTROL, DATA, OTHER, ROUTES, plane_of, route_label
+from proxy.core.control import plane
+from proxy.core.routes import CONTROL, DATA, OTHER, ROUTES, plane_of, route_label
 
 
 @pytest.mark.parametrize("route", sorted(ROUTES))

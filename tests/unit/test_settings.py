@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy import logs
-from proxy.settings import load
+from proxy.config.settings import load
+from proxy.observe import logs
 
 
 def test_defaults_match_the_design() -> None:

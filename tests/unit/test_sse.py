@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.sse import ErrorWatcher, EventFramer, is_event_stream
+from proxy.core.sse import ErrorWatcher, EventFramer, is_event_stream
 
 STREAM = (
     b'data: {"id":"cmpl-1","choices":[{"index":0,"text":"error"}]}\n\n'

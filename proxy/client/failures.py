@@ -1,0 +1,120 @@
+"""Every error answer the sidecar sends: an envelope response, or an SSE error event mid-stream."""
+
+from __future__ import annotations
+
+import logging
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from proxy.core import envelope
+from proxy.core.envelope import Envelope, ModelInfo
+from proxy.core.errors import InternalError, SidecarFailure
+from proxy.core.headers import SIDECAR_ERROR, drop, response_headers
+from proxy.core.resolution import ModelTable
+from proxy.observe.logs import text_field
+from proxy.observe.metrics import Metrics
+from proxy.observe.record import RequestRecord
+
+log = logging.getLogger("proxy.failures")  # its name before the layers: kept for filters
+
+_ENTITY = ("Content-Length", "Content-Type", "Content-Encoding")
+
+
+def model_info(rec: RequestRecord, table: ModelTable, *, suggest: bool) -> ModelInfo | None:
+    """The envelope's `model` block; suggestions only for names that matched nothing."""
+    if rec.requested is None:
+        return None
+    suggestions = table.suggestions(rec.requested) if suggest and rec.resolved is None else ()
+    return ModelInfo(rec.requested, rec.resolved, table.names, suggestions)
+
+
+def envelope_response(
+    rec: RequestRecord, status: int, env: Envelope, headers: CIMultiDict[str] | None = None
+) -> web.Response:
+    out = headers if headers is not None else CIMultiDict()
+    drop(out, _ENTITY)
+    out[SIDECAR_ERROR] = env["error"]["reason"]
+    out["X-Request-Id"] = rec.request_id
+    rec.status = status
+    return web.Response(
+        status=status, body=envelope.encode(env), content_type="application/json", headers=out
+    )
+
+
+def failure_response(
+    rec: RequestRecord, failure: SidecarFailure, metrics: Metrics, table: ModelTable
+) -> web.Response:
+    """A failure the sidecar detected before any byte of the answer went out."""
+    rec.fail_with(metrics, failure)
+    info = model_info(rec, table, suggest=False)
+    env = envelope.from_failure(failure, request_id=rec.request_id, model=info)
+    return envelope_response(rec, failure.status, env)
+
+
+def sse_error(rec: RequestRecord, failure: SidecarFailure, info: ModelInfo | None) -> bytes:
+    """A failure after a 200 stream began: one SSE error event and [DONE], as vLLM does."""
+    return envelope.sse_event(envelope.from_failure(failure, request_id=rec.request_id, model=info))
+
+
+def error_reply(
+    rec: RequestRecord,
+    resp: aiohttp.ClientResponse,
+    raw: bytes,
+    truncated: bool,
+    metrics: Metrics,
+    table: ModelTable,
+) -> web.Response:
+    """An upstream 4xx/5xx: its status kept, its body (`raw`, read up to the error body limit;
+    `truncated` if there was more) parsed and attached to the envelope. No I/O: the caller has
+    read the body, and refreshed the model table where a 404 calls for it."""
+    content_type = resp.headers.get("Content-Type")
+    reply = envelope.UpstreamReply(
+        status=resp.status,
+        method=rec.method,
+        path=rec.path,
+        content_type=content_type,
+        body=envelope.decode_body(
+            raw,
+            content_type=content_type,
+            content_encoding=resp.headers.get("Content-Encoding"),
+            truncated=truncated,
+        ),
+        body_truncated=truncated,
+    )
+    info = model_info(rec, table, suggest=resp.status == 404)
+    env = envelope.from_upstream_status(reply, request_id=rec.request_id, model=info)
+    rec.fail(metrics, "upstream", "upstream_status", resp.status)
+    headers = response_headers(resp.headers, rid=rec.request_id)
+    return envelope_response(rec, resp.status, env, headers)
+
+
+def unexpected(
+    request: web.Request,
+    rec: RequestRecord,
+    exc: Exception,
+    metrics: Metrics,
+    table: ModelTable,
+) -> web.StreamResponse:
+    """The last line: log `exc` with its traceback and answer an `internal_error` envelope, not
+    aiohttp's plain-text 500; once the answer's headers are out, cut its framing instead."""
+    log.error(
+        "internal error on %s %s request_id=%s",
+        text_field(rec.method),
+        text_field(rec.path),
+        rec.request_id,
+        exc_info=exc,
+    )
+    failure = InternalError(
+        f"The sidecar failed unexpectedly on {rec.method} {rec.path} ({type(exc).__name__}); "
+        "its log has the details under this request id."
+    )
+    if request.writer.output_size == 0:
+        return failure_response(rec, failure, metrics, table)
+    # The status is sent: an incomplete body makes every HTTP client raise, as for an upstream
+    # that breaks mid-body. The response returned is never written (the transport is closed).
+    rec.fail_with(metrics, failure)
+    if request.transport is not None:
+        request.transport.close()
+    return web.Response()

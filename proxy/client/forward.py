@@ -1,0 +1,278 @@
+"""The forwarding handler: request in -> resolve -> forward -> relay back, or an envelope."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from proxy.config.settings import SETTINGS
+from proxy.core import headers as hdrs
+from proxy.core.errors import (
+    InvalidRequest,
+    ShuttingDown,
+    SidecarFailure,
+    UpstreamInvalidResponse,
+    UpstreamTimeout,
+)
+from proxy.core.rejection import (
+    MAX_PEEK,
+    PEEK_SECONDS,
+    first_event_end,
+    rejected_body,
+    rejected_stream,
+)
+from proxy.core.sse import is_event_stream
+from proxy.engine.gate import held_again, named_version, passage, resendable, upstream_started
+from proxy.observe.metrics import METRICS
+from proxy.observe.record import CLIENT_CLOSED, RequestRecord
+from proxy.upstream.discovery import DISCOVERY
+from proxy.upstream.session import (
+    SESSION,
+    UPSTREAM,
+    UPSTREAM_ERRORS,
+    classify,
+    read_capped,
+    target,
+)
+
+from .budget import BUDGET
+from .drain import IN_FLIGHT
+from .failures import error_reply, failure_response, unexpected
+from .inbound import StreamedBody, read_request
+from .relay import (
+    BUFFER_LIMIT,
+    buffered_reply,
+    checked_json_reply,
+    chunked_json_read,
+    stream_reply,
+    unframed_json,
+)
+
+
+async def handle(request: web.Request) -> web.StreamResponse:
+    """The proxy's one handler: the request's record, its in-flight count, and its end."""
+    metrics = request.app[METRICS]
+    rec = RequestRecord(request.method, request.path, hdrs.request_id(request.headers))
+    rec.client_request_id = hdrs.refused_request_id(request.headers, rec.request_id)
+    in_flight = metrics.in_flight.labels(rec.route)
+    in_flight.inc()
+    handlers = request.app[IN_FLIGHT]
+    task = handlers.add()
+    try:
+        return await _respond(request, rec)
+    except asyncio.CancelledError:
+        # The shutdown grace period ran out (the drain cut it), or the client hung up.
+        if handlers.cut(task):
+            if rec.status == 0 and task is not None:
+                task.uncancel()  # nothing sent yet: the client still gets its envelope
+                table = request.app[DISCOVERY].table
+                return failure_response(rec, ShuttingDown(_CUT), metrics, table)
+            rec.fail_with(metrics, ShuttingDown("the sidecar shut down"))
+        else:
+            rec.disconnected(metrics)
+        rec.status = CLIENT_CLOSED if rec.status == 0 else rec.status
+        raise
+    finally:
+        handlers.discard(task)
+        in_flight.dec()
+        rec.finish(metrics)
+
+
+async def _respond(request: web.Request, rec: RequestRecord) -> web.StreamResponse:
+    """The upstream's answer, or the envelope for whatever stood in its way."""
+    app = request.app
+    metrics, discovery = app[METRICS], app[DISCOVERY]
+    try:
+        if app[IN_FLIGHT].draining:
+            raise ShuttingDown(_REFUSED)
+        _check_target(request)
+        limit = app[SETTINGS].max_body_bytes
+        lifecycle = passage(request, rec)  # engine lifecycle: the token, a hold deadline
+        body = await read_request(request, rec, discovery, metrics, limit)
+        async with lifecycle:  # a data request's hold; the phase a control call enters
+            return await _call_upstream(request, rec, body)
+    except SidecarFailure as failure:
+        return failure_response(rec, failure, metrics, discovery.table)
+    except Exception as exc:
+        return unexpected(request, rec, exc, metrics, discovery.table)
+
+
+_CUT = "The sidecar shut down before the upstream answered (--shutdown-grace ran out); retry."
+_REFUSED = "The sidecar is shutting down and takes no new requests; retry on another replica."
+
+
+def _origin_form(request: web.Request) -> str:
+    """The raw path and query to forward; an absolute-form target (RFC 9112 section 3.2.2,
+    `GET http://host/path`) keeps only those: the request still goes to the upstream."""
+    raw = request.raw_path
+    return raw if raw.startswith("/") else request.rel_url.raw_path_qs
+
+
+def _check_target(request: web.Request) -> None:
+    """`OPTIONS *` and `CONNECT host:port` name no path to forward (RFC 9112 section 3.2)."""
+    if not _origin_form(request).startswith("/"):
+        raise InvalidRequest(
+            f"The request target `{request.raw_path[:100]}` is not a path: the sidecar forwards "
+            "origin-form (`/v1/...`) and absolute-form targets only."
+        )
+
+
+async def _call_upstream(
+    request: web.Request, rec: RequestRecord, body: bytes | StreamedBody
+) -> web.StreamResponse:
+    headers = _upstream_headers(request, rec)
+    if isinstance(body, bytes) and (named := named_version(request, body)) is not None:
+        body = named
+        headers["Content-Type"] = "application/json"
+    if rec.route == "/health" and request.method in ("GET", "HEAD"):
+        return await _health(request, rec, headers)
+    # A data-plane request vLLM 0.33 rejected as paused did not run: it is held and sent again.
+    again = resendable(request) and (isinstance(body, bytes) or body.rest is None)
+    attempt = 0
+    while (answer := await _send(request, rec, body, headers, again)) is None:
+        await held_again(request, rec, attempt)
+        attempt += 1
+    return answer
+
+
+async def _send(
+    request: web.Request,
+    rec: RequestRecord,
+    body: bytes | StreamedBody,
+    headers: CIMultiDict[str],
+    again: bool,
+) -> web.StreamResponse | None:
+    """One upstream call and its relayed answer; None when vLLM rejected it as paused."""
+    app = request.app
+    sent = time.perf_counter()
+    try:
+        async with app[SESSION].request(
+            request.method,
+            target(app[UPSTREAM], _origin_form(request)),
+            data=_payload(request, body, headers),
+            headers=headers,
+            allow_redirects=False,
+        ) as resp:
+            app[METRICS].ttfb.labels(rec.route).observe(time.perf_counter() - sent)
+            upstream_started(request, resp)  # engine lifecycle: a stream a phase may stall
+            first = b""
+            if again:
+                first, rejected = await _peek(resp)
+                if rejected:
+                    return None
+            try:
+                return await _relay(request, rec, resp, first)
+            finally:
+                rec.upstream_time = time.perf_counter() - sent
+    except UPSTREAM_ERRORS as exc:
+        if request.transport is None or request.transport.is_closing():
+            # The client's side broke (its upload of a streamed body, say): the upstream is
+            # not to blame, and nobody is left to answer.
+            rec.client_left(app[METRICS])
+            return web.Response()
+        raise classify(exc, where=f"for {rec.method} {rec.path}") from exc
+
+
+async def _peek(resp: aiohttp.ClientResponse) -> tuple[bytes, bool]:
+    """The bytes read to tell whether vLLM rejected the request as paused, and whether it did:
+    a small 503's body, or a stream's first event."""
+    if resp.status == 503 and (resp.content_length or MAX_PEEK + 1) <= MAX_PEEK:
+        body = await resp.read()
+        return body, rejected_body(resp.status, body)
+    if resp.status != 200 or not is_event_stream(resp.headers.get("Content-Type")):
+        return b"", False
+    head = b""
+    # A rejection comes at once; a first token may take long (a long prompt): past a second
+    # the stream is relayed as any other, its headers and every event as they come.
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(PEEK_SECONDS):
+            while first_event_end(head) < 0 and len(head) <= MAX_PEEK:
+                chunk = await resp.content.readany()
+                if not chunk:
+                    break
+                head += chunk
+    return head, rejected_stream(head)
+
+
+# A health check is answered within this, whatever vLLM's API server is busy with: vllm-router
+# and Kubernetes give up on a slow answer and take the engine out of rotation.
+HEALTH_PROMPT = 2.0
+
+
+async def _health(
+    request: web.Request, rec: RequestRecord, headers: CIMultiDict[str]
+) -> web.StreamResponse:
+    """vLLM's /health, relayed; when it is slow to answer (its API server is busy taking in
+    weights) and the sidecar's own last check found it healthy, the sidecar answers 200 for it
+    (`X-Sidecar-Health: cached`) rather than let a router eject a busy engine."""
+    app = request.app
+    url = target(app[UPSTREAM], _origin_form(request))
+    try:
+        async with asyncio.timeout(HEALTH_PROMPT):
+            async with app[SESSION].request(request.method, url, headers=headers) as resp:
+                await resp.read()
+                return await _relay(request, rec, resp)
+    except TimeoutError:
+        if not app[DISCOVERY].healthy:
+            raise UpstreamTimeout(
+                f"vLLM did not answer {rec.method} /health within {HEALTH_PROMPT:g}s, and its"
+                " last health check failed."
+            ) from None
+        return web.Response(headers={"X-Sidecar-Health": "cached"})
+    except UPSTREAM_ERRORS as exc:
+        raise classify(exc, where=f"for {rec.method} {rec.path}") from exc
+
+
+def _upstream_headers(request: web.Request, rec: RequestRecord) -> CIMultiDict[str]:
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    return hdrs.upstream_request_headers(
+        request.headers,
+        rid=rec.request_id,
+        client_ip=peer[0] if isinstance(peer, tuple) else None,
+        scheme=request.scheme,
+        host=request.host,
+    )
+
+
+def _payload(request: web.Request, body: bytes | StreamedBody, headers: CIMultiDict[str]) -> object:
+    if isinstance(body, StreamedBody):
+        headers["Content-Length"] = str(body.length)  # a length, not chunked encoding, for vLLM
+        return body.chunks()
+    return body if body or request.method in ("POST", "PUT", "PATCH") else None
+
+
+async def _relay(
+    request: web.Request, rec: RequestRecord, resp: aiohttp.ClientResponse, first: bytes = b""
+) -> web.StreamResponse:
+    """The upstream's answer, relayed the way its kind needs."""
+    app = request.app
+    metrics, discovery = app[METRICS], app[DISCOVERY]
+    if resp.status == 101:  # the sidecar drops Upgrade (hop-by-hop): nobody asked to switch
+        raise UpstreamInvalidResponse(
+            f"The upstream answered 101 Switching Protocols for {rec.method} {rec.path}, which "
+            "asked for no protocol switch."
+        )
+    if resp.status >= 400:
+        limit = app[SETTINGS].error_body_bytes
+        raw, truncated = (
+            (first[:limit], len(first) > limit) if first else await read_capped(resp, limit)
+        )
+        if resp.status == 404 and rec.resolved is not None:
+            # vLLM no longer serves the name we resolved to (restarted under another name,
+            # adapter unloaded): re-read the list now rather than at the next scheduled
+            # discovery, before the envelope suggests names from it.
+            await discovery.refresh_on_miss()
+        return error_reply(rec, resp, raw, truncated, metrics, discovery.table)
+    length = resp.content_length
+    sse = is_event_stream(resp.headers.get("Content-Type"))
+    # Read whole only within the memory budget; past it the answer streams, with backpressure.
+    if not sse and length is not None and length <= BUFFER_LIMIT and app[BUDGET].try_hold(length):
+        return await buffered_reply(rec, resp, first or None)
+    if unframed_json(resp) or chunked_json_read(resp):
+        return await checked_json_reply(rec, resp)
+    return await stream_reply(request, rec, resp, metrics, discovery, app[IN_FLIGHT], first)

@@ -1,0 +1,168 @@
+"""The client's side of a request: its body, read within limits, and its model, resolved."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from aiohttp import StreamReader, web
+
+from proxy.core.body import (
+    MAX_SLICES,
+    ModelField,
+    Scan,
+    replace_model,
+    scan_model,
+    scan_model_in_head,
+    step,
+)
+from proxy.core.errors import BodyTooLarge, InvalidRequest, ModelAmbiguous
+from proxy.core.modelkeys import TooComplex
+from proxy.core.resolution import ABSENT, AMBIGUOUS, UNRESOLVED, Resolution
+from proxy.observe.metrics import Metrics
+from proxy.observe.record import RequestRecord
+from proxy.upstream.discovery import Discovery
+
+from .budget import BUDGET
+
+_BODY_METHODS = frozenset(("POST", "PUT", "PATCH"))
+STREAM_FROM = 1 << 20  # bodies larger than this are streamed through once their head is read
+HEAD_BYTES = 64 << 10
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The whole request body; a declared or actual size over `limit` is refused unread."""
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLarge(
+            f"The request body of {request.content_length} bytes exceeds the limit of {limit} "
+            "bytes (--max-body-bytes)."
+        )
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise BodyTooLarge(
+            f"The request body exceeds the limit of {limit} bytes (--max-body-bytes)."
+        ) from None
+
+
+def _wants_model(request: web.Request) -> bool:
+    return (
+        request.method in _BODY_METHODS
+        and request.content_type.endswith("json")
+        # A compressed body is relayed as sent; its model cannot be read without inflating it.
+        and request.headers.get("Content-Encoding", "identity").lower() == "identity"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StreamedBody:
+    """A large body on its way: its (rewritten) head now, the rest as the client sends it."""
+
+    head: bytes
+    rest: StreamReader | None
+    length: int
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        # In slices, so that the socket's backpressure applies to a large held body too: given
+        # whole, its unsent rest would be copied into the transport's buffer at once.
+        view = memoryview(self.head)
+        for start in range(0, len(view), STREAM_FROM):
+            yield view[start : start + STREAM_FROM]  # type: ignore[misc]
+        if self.rest is not None:
+            async for chunk in self.rest.iter_any():
+                yield chunk
+
+
+def _outgoing(body: bytes) -> bytes | StreamedBody:
+    # aiohttp warns that one write of a megabytes-long bytes body may stall the loop, and
+    # would have it copied through a thread; handing it over as a stream does neither.
+    return StreamedBody(body, None, len(body)) if len(body) > STREAM_FROM else body
+
+
+async def read_request(
+    request: web.Request, rec: RequestRecord, discovery: Discovery, metrics: Metrics, limit: int
+) -> bytes | StreamedBody:
+    """The body to forward, with only its `model` value replaced by the served name.
+
+    A large JSON body whose model sits in its first bytes (SkyRL and the openai SDK put it
+    first) is not stored: its head is rewritten and the rest streams through as it arrives,
+    so megabytes of token ids cost no extra round of waiting. (A second `model` key further
+    on is then vLLM's to judge.)
+    """
+    length, json_body = request.content_length, _wants_model(request)
+    if length is not None and STREAM_FROM < length <= limit and not json_body:
+        return StreamedBody(b"", request.content, length)  # nothing to find in it: straight on
+    if length is None or length <= STREAM_FROM or not json_body or length > limit:
+        if length is not None and length <= limit:
+            request.app[BUDGET].hold(length)
+        body = await read_body(request, limit)
+        if length is None:  # chunked: its size is known only now, and counts as any other
+            request.app[BUDGET].hold(len(body))
+        field = await _locate(scan_model(body)) if body and json_body else None
+        return _outgoing(await _resolved(body, field, rec, discovery, metrics))
+    try:
+        head = await request.content.readexactly(HEAD_BYTES)
+    except asyncio.IncompleteReadError:
+        raise InvalidRequest("The request body ended before its Content-Length.") from None
+    field = await _locate(scan_model_in_head(head))
+    if field is None:  # the model is further on: the whole body it is
+        request.app[BUDGET].hold(length)
+        body = head + await request.content.read()
+        field = await _locate(scan_model(body))
+        return _outgoing(await _resolved(body, field, rec, discovery, metrics))
+    new_head = await _resolved(head, field, rec, discovery, metrics)
+    return StreamedBody(new_head, request.content, length - len(head) + len(new_head))
+
+
+async def _locate(scan: Scan) -> ModelField | None:
+    """Run a body scan on the loop a slice (a millisecond or two) at a time, letting every
+    other request and the admin port in between: a hostile body costs a bounded amount of
+    CPU time and stalls nothing. (A thread would not do: it holds the GIL for as long as the
+    OS leaves it running, tens of ms on a loaded machine.)"""
+    slices = 0
+    while True:
+        try:
+            done, field = step(scan, slices)
+        except TooComplex:
+            raise InvalidRequest(
+                f"The request body needs more than {MAX_SLICES} slices of scanning before its "
+                "`model` key (millions of values, keys or escapes); send `model` first.",
+                param="model",
+            ) from None
+        if done:
+            return field
+        slices += 1
+        await asyncio.sleep(0)
+
+
+async def _resolved(
+    body: bytes,
+    field: ModelField | None,
+    rec: RequestRecord,
+    discovery: Discovery,
+    metrics: Metrics,
+) -> bytes:
+    if field is None or field.value is None:
+        metrics.resolutions.labels(ABSENT, "").inc()
+        return body
+    rec.requested = field.value
+    res = discovery.table.resolve(field.value)
+    if res.rule == UNRESOLVED:
+        await discovery.refresh_on_miss()
+        res = discovery.table.resolve(field.value)
+    _record(res, rec, metrics)
+    if res.rule == AMBIGUOUS:
+        raise ModelAmbiguous(
+            f"The model `{res.requested}` is ambiguous: it matches {' and '.join(res.candidates)}."
+            " Ask for one of them by its served name.",
+            candidates=res.candidates,
+        )
+    if res.served is not None and res.changed:
+        return replace_model(body, field, res.served)
+    return body
+
+
+def _record(res: Resolution, rec: RequestRecord, metrics: Metrics) -> None:
+    rec.rule, rec.resolved = res.rule, res.served
+    metrics.resolutions.labels(res.rule, res.served or "").inc()

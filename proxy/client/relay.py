@@ -1,0 +1,237 @@
+"""The upstream's answers below 400 back to the client: read whole, checked, or streamed."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from proxy.core.envelope import ModelInfo
+from proxy.core.errors import ShuttingDown, SidecarFailure, UpstreamInvalidResponse
+from proxy.core.headers import drop, response_headers
+from proxy.core.sse import ErrorWatcher, EventFramer, is_event_stream
+from proxy.engine.gate import stream_aborted, version_change
+from proxy.observe.metrics import Metrics
+from proxy.observe.record import RequestRecord
+from proxy.upstream.discovery import Discovery
+from proxy.upstream.session import UPSTREAM_ERRORS, classify, read_capped
+
+from .drain import InFlight
+from .failures import model_info, sse_error
+
+# Non-streamed bodies up to this size are read whole before answering, so that an upstream that
+# drops mid-body still gets the client a proper 502 envelope instead of a cut body.
+BUFFER_LIMIT = 16 * 1024 * 1024
+
+# A generation answered 200 with no choice at all is never vLLM's (it answers n >= 1 choices or
+# an error); relayed, SkyRL's clients index it and die with an IndexError far from the cause.
+# JSON escapes every quote inside a string, so these bytes can only be the key and its value.
+_GENERATIONS = frozenset(
+    ("/v1/completions", "/v1/chat/completions", "/inference/v1/generate", "/skyrl/v1/generate")
+)
+_CHOICES_KEY = b'"choices":'
+
+
+def _no_choices(body: bytes) -> bool:
+    """The first `"choices":` key (vLLM writes it before any nested object) holds `[]`."""
+    at = body.find(_CHOICES_KEY)
+    if at < 0:
+        return False
+    value = body[at + len(_CHOICES_KEY) : at + len(_CHOICES_KEY) + 16].lstrip()
+    return value[:1] == b"[" and value[1:].lstrip()[:1] == b"]"
+
+
+async def buffered_reply(
+    rec: RequestRecord, resp: aiohttp.ClientResponse, body: bytes | None = None
+) -> web.Response:
+    body = await resp.read() if body is None else body
+    if resp.status == 200 and rec.route in _GENERATIONS and _no_choices(body):
+        raise UpstreamInvalidResponse(
+            f"The upstream answered 200 for {rec.method} {rec.path} with an empty `choices` "
+            "list: a generation has at least one choice."
+        )
+    headers = response_headers(resp.headers, rid=rec.request_id)
+    drop(headers, ("Content-Length",))
+    rec.status = resp.status
+    return web.Response(status=resp.status, body=body, headers=headers)
+
+
+def unframed_json(resp: aiohttp.ClientResponse) -> bool:
+    """A JSON body with neither Content-Length nor chunking: it ends when the connection closes
+    (RFC 9112 section 6.3), so an upstream that dies half way looks complete to HTTP."""
+    return (
+        resp.content_length is None
+        and resp.method != "HEAD"
+        and resp.status not in (204, 304)
+        and "chunked" not in resp.headers.get("Transfer-Encoding", "").lower()
+        and "json" in resp.headers.get("Content-Type", "").lower()
+    )
+
+
+def chunked_json_read(resp: aiohttp.ClientResponse) -> bool:
+    """A chunked JSON answer to a GET (`/get_world_size`, `/is_sleeping`): relayed with a
+    Content-Length, because SkyRL 0.4's control plane reads no body without one."""
+    return (
+        resp.method == "GET"
+        and resp.status < 300
+        and "chunked" in resp.headers.get("Transfer-Encoding", "").lower()
+        and "json" in resp.headers.get("Content-Type", "").lower()
+    )
+
+
+async def checked_json_reply(rec: RequestRecord, resp: aiohttp.ClientResponse) -> web.Response:
+    """An unframed JSON body, read whole and relayed only when it parses: a cut one is a 502."""
+    body, over = await read_capped(resp, BUFFER_LIMIT)
+    where = f"for {rec.method} {rec.path}"
+    if over:
+        raise UpstreamInvalidResponse(
+            f"The upstream sent a JSON body over {BUFFER_LIMIT} bytes without Content-Length "
+            f"or chunked framing {where}; the sidecar cannot tell whether it is complete."
+        )
+    try:
+        orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise UpstreamInvalidResponse(
+            f"The upstream's JSON body {where} ended before it was complete (no Content-Length;"
+            f" the connection closed after {len(body)} bytes): {exc}"
+        ) from None
+    return await buffered_reply(rec, resp, body)
+
+
+async def stream_reply(
+    request: web.Request,
+    rec: RequestRecord,
+    resp: aiohttp.ClientResponse,
+    metrics: Metrics,
+    discovery: Discovery,
+    in_flight: InFlight,
+    first: bytes = b"",
+) -> web.StreamResponse:
+    """Relay as bytes arrive (`first`: what was read of them already); a failure after the
+    headers becomes an SSE error event."""
+    sse = is_event_stream(resp.headers.get("Content-Type"))
+    headers = response_headers(resp.headers, rid=rec.request_id)
+    if sse:
+        drop(headers, ("Content-Length",))  # an error event may have to be appended
+    out = web.StreamResponse(status=resp.status, headers=headers)
+    rec.status = resp.status
+    stream = _Stream(out, rec, metrics, ErrorWatcher() if sse else None)
+    if not await stream.start(request):
+        return out
+    info = model_info(rec, discovery.table, suggest=False)
+    try:
+        failure = await stream.pump(resp, first)
+    except asyncio.CancelledError:
+        if sse and in_flight.draining:
+            await stream.end_with(ShuttingDown(_GRACE_OVER), info)
+        raise
+    finally:
+        if stream.aborted:
+            stream_aborted(request)  # engine lifecycle: counted however the stream ends
+    if failure is not None:
+        rec.fail_with(metrics, failure)
+        if not sse:
+            # A relayed Content-Length or chunked framing left incomplete tells the client.
+            if request.transport is not None:
+                request.transport.close()
+            return out
+        await stream.end_with(failure, info)
+    if stream.client_gone:
+        return out
+    if sse and (tail := version_change(request)):
+        await stream.write(tail)  # engine lifecycle: the weight version changed mid-stream
+    await stream.finish()
+    return out
+
+
+_GRACE_OVER = "The sidecar shut down before the stream finished (--shutdown-grace ran out)."
+
+
+class _Stream:
+    """One relayed body: pumps chunks, watches SSE errors, notices a client that left."""
+
+    def __init__(
+        self,
+        out: web.StreamResponse,
+        rec: RequestRecord,
+        metrics: Metrics,
+        watcher: ErrorWatcher | None,
+    ) -> None:
+        self.out, self.rec, self.metrics, self.watcher = out, rec, metrics, watcher
+        self.tail = b"\n\n"
+        self.events = EventFramer()  # SSE only: the event the upstream has not ended yet
+        self.client_gone = False
+
+    async def pump(self, resp: aiohttp.ClientResponse, first: bytes) -> SidecarFailure | None:
+        """Relay `first`, then until the upstream ends (None), fails (the failure) or the client
+        leaves."""
+        chunks = resp.content.iter_any().__aiter__()
+        chunk = first
+        while True:
+            try:
+                chunk = chunk or await anext(chunks)
+            except StopAsyncIteration:
+                if self.events.held:  # relayed as sent: an SSE client drops an unended event
+                    await self.write(self.events.held)
+                return None
+            except UPSTREAM_ERRORS as exc:
+                return classify(exc, where=f"while streaming {self.rec.method} {self.rec.path}")
+            if self.watcher is not None:
+                if self.watcher.feed(chunk):
+                    self.count_errors()
+                chunk = self.events.whole(chunk)
+                if not chunk:
+                    continue
+                self.tail = chunk[-2:]
+            if not await self.write(chunk):
+                return None
+            chunk = b""
+
+    # A ConnectionError from any write to the client (the headers, a chunk, the end) means the
+    # client left: it is counted as a disconnect, never as the upstream's failure, and no
+    # second response is attempted.
+    async def start(self, request: web.Request) -> bool:
+        try:
+            await self.out.prepare(request)
+        except ConnectionError:
+            return self._client_left()
+        return True
+
+    async def write(self, data: bytes) -> bool:
+        try:
+            await self.out.write(data)
+        except ConnectionError:
+            return self._client_left()
+        return True
+
+    async def finish(self) -> None:
+        try:
+            await self.out.write_eof()
+        except ConnectionError:
+            self._client_left()
+
+    def _client_left(self) -> bool:
+        self.rec.client_left(self.metrics)
+        self.client_gone = True
+        return False
+
+    async def end_with(self, failure: SidecarFailure, info: ModelInfo | None) -> None:
+        """One SSE error event and [DONE]. The event the upstream left unended is not sent (the
+        framer holds it); only one over 64 KiB may have gone out half, and is ended first."""
+        sep = b"" if self.tail.endswith(b"\n\n") else b"\n\n"
+        if await self.write(sep + sse_error(self.rec, failure, info)):
+            await self.finish()
+
+    @property
+    def aborted(self) -> bool:
+        return self.watcher is not None and self.watcher.aborted
+
+    def count_errors(self) -> None:
+        """Count the error events seen since the last call, before they reach the client."""
+        assert self.watcher is not None
+        for event in self.watcher.take():
+            code = event["error"].get("code") if isinstance(event["error"], dict) else None
+            status = code if isinstance(code, int) and 100 <= code <= 599 else self.rec.status
+            self.rec.fail(self.metrics, "upstream", "upstream_stream_error", status)

@@ -1,0 +1,1 @@
+"""The validated options: every CLI flag and VLLM_SIDECAR_* variable."""

@@ -1,0 +1,1 @@
+"""The engine lifecycle: phases applied, the gate on each request, reconciling, stalls."""

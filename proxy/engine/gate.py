@@ -1,0 +1,211 @@
+"""Where a request meets the engine lifecycle: its plane, its hold, its weight-version stamp."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from proxy.core.control import plane
+from proxy.core.errors import InvalidRequest, PhaseRefusal, Unauthorized
+from proxy.core.phase import SERVING, next_version
+from proxy.core.routes import CONTROL, DATA, normalized
+from proxy.core.sse import is_event_stream
+from proxy.observe.record import RequestRecord
+
+from .lifecycle import LIFECYCLE, Lifecycle
+
+WEIGHT_VERSION = "X-Weight-Version"
+# The version at the end, when it differs from the one the answer started with.
+WEIGHT_VERSION_END = "X-Weight-Version-End"
+_ABORT = b'"finish_reason":"abort"'  # vLLM's compact JSON, in bodies and SSE events alike
+# A client's own deadline for waiting out a phase, in seconds (0: refuse at once).
+HOLD_TIMEOUT = "X-Sidecar-Hold-Timeout"
+
+
+@dataclass(slots=True, eq=False)
+class Passage:
+    """One request's dealings with the lifecycle, read again when its answer goes out."""
+
+    plane: str
+    route: str  # the record's route label, for the counts made when the answer goes out
+    version: str | None = None
+    retry_after: int | None = None
+    unauthorized: bool = False
+    named: str | None = None  # the version the sidecar gave a finished update that named none
+    deadline: float | None = None  # the client's own hold deadline (X-Sidecar-Hold-Timeout)
+    since: float = field(default_factory=time.monotonic)
+
+
+PASSAGE = web.RequestKey("passage", Passage)
+
+
+_UNTOUCHED = contextlib.nullcontext()  # reads, health, tokenize: the lifecycle has no say
+
+
+def passage(
+    request: web.Request, rec: RequestRecord
+) -> contextlib.AbstractAsyncContextManager[None]:
+    """What the lifecycle does around a request's upstream call, judged before its body is
+    read: a control-plane call's token is checked now, and the phase it enters is entered only
+    once its body is complete and it goes upstream; a data-plane request is held while the
+    engine does not serve (after its body was read: a bad body gets its 400 at once)."""
+    kind = plane(request.method, request.path)
+    if kind is None:
+        return _UNTOUCHED
+    lifecycle = request.app[LIFECYCLE]
+    mark = request[PASSAGE] = Passage(kind, rec.route, lifecycle.version)
+    if kind == CONTROL:
+        try:
+            lifecycle.authorize(request.headers.get("Authorization"))
+        except Unauthorized:
+            mark.unauthorized = True
+            raise
+        return lifecycle.control_call(normalized(request.path), rec, request.query_string)
+    mark.deadline = _asked_deadline(request)
+    return _Data(rec, lifecycle, mark)
+
+
+def _asked_deadline(request: web.Request) -> float | None:
+    value = request.headers.get(HOLD_TIMEOUT)
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise InvalidRequest(
+            f"{HOLD_TIMEOUT} must be a number of seconds, 0 or more; got `{value[:50]}`."
+        )
+    return seconds
+
+
+def named_version(request: web.Request, body: bytes) -> bytes | None:
+    """A /finish_weight_update that names no `weight_version` (SkyRL 0.4 names none): the
+    body that names the next one (`default` -> `default+1` -> `default+2`), so that vLLM's own
+    version, its per-token spans and every answer's X-Weight-Version tell the updates apart.
+    None when the body is left as it is: it names one, or is not a JSON object."""
+    mark = request.get(PASSAGE)
+    if mark is None or normalized(request.path) != "/finish_weight_update":
+        return None
+    current = request.app[LIFECYCLE].version
+    try:
+        payload = orjson.loads(body) if body.strip() else {}
+    except orjson.JSONDecodeError:
+        return None
+    if current is None or not isinstance(payload, dict) or payload.get("weight_version"):
+        return None
+    mark.named = payload["weight_version"] = next_version(current)
+    return orjson.dumps(payload)
+
+
+class _Data:
+    """A data-plane request: held while the engine does not serve, then counted as running.
+    A class, not a generator: it is on every completion's path."""
+
+    __slots__ = ("lifecycle", "mark", "rec")
+
+    def __init__(self, rec: RequestRecord, lifecycle: Lifecycle, mark: Passage) -> None:
+        self.rec, self.lifecycle, self.mark = rec, lifecycle, mark
+
+    async def __aenter__(self) -> None:
+        try:
+            await self.lifecycle.admit(self.rec, self.mark.deadline)
+        except PhaseRefusal as refusal:
+            self.mark.retry_after = refusal.retry_after
+            raise
+        self.mark.version = self.lifecycle.version
+        self.lifecycle.running += 1
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.lifecycle.running -= 1
+        self.lifecycle.stalls.discard(self.mark)
+
+
+def resendable(request: web.Request) -> bool:
+    """A data-plane request: one vLLM rejects as paused (0.33) is sent again."""
+    mark = request.get(PASSAGE)
+    return mark is not None and mark.plane == DATA
+
+
+async def held_again(request: web.Request, rec: RequestRecord, attempt: int) -> None:
+    """vLLM rejected the request as paused: wait for the pause to end (the sidecar's phase,
+    or vLLM's flags, or a short backoff when it was made around the sidecar), then pass the
+    hold again. A deadline the client asked for counts from its first hold."""
+    mark = request[PASSAGE]
+    lifecycle = request.app[LIFECYCLE]
+    left = None if mark.deadline is None else mark.deadline - (time.monotonic() - mark.since)
+    lifecycle.running -= 1  # held again, not running: an update may start meanwhile
+    try:
+        await lifecycle.after_rejection(rec, attempt, None if left is None else max(left, 0.0))
+    except PhaseRefusal as refusal:
+        mark.retry_after = refusal.retry_after
+        raise
+    finally:
+        lifecycle.running += 1
+    mark.version = lifecycle.version
+
+
+def upstream_started(request: web.Request, resp: aiohttp.ClientResponse) -> None:
+    """vLLM answered: with a pod-wide hold deadline, a data-plane stream is watched for a phase
+    stalling it (see stalls.py); without one, a frozen stream stays open as with vLLM alone."""
+    mark = request.get(PASSAGE)
+    if mark is None or mark.plane != DATA:
+        return
+    lifecycle = request.app[LIFECYCLE]
+    if lifecycle.hold_timeout is not None and is_event_stream(resp.headers.get("Content-Type")):
+        lifecycle.stalls.add(mark, mark.route, resp)
+
+
+async def stamp(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: the headers a phase or the weight version adds to an answer."""
+    mark = request.get(PASSAGE)
+    if mark is None:
+        return
+    headers = response.headers
+    if mark.retry_after is not None:
+        headers["Retry-After"] = str(mark.retry_after)  # RFC 9110 section 10.2.3
+    if mark.unauthorized:
+        headers["WWW-Authenticate"] = 'Bearer realm="vllm-sidecar control plane"'
+    if mark.named is not None and response.status < 300:  # an update finished with it
+        headers[WEIGHT_VERSION] = mark.named
+    if mark.plane != DATA or mark.version is None:
+        return
+    lifecycle = request.app[LIFECYCLE]
+    headers[WEIGHT_VERSION] = mark.version
+    if lifecycle.version not in (None, mark.version):
+        headers[WEIGHT_VERSION_END] = str(lifecycle.version)
+    body = response.body if isinstance(response, web.Response) else None
+    # Only outside serving: no body is searched in steady state.
+    if lifecycle.phase != SERVING and isinstance(body, bytes) and _ABORT in body:
+        lifecycle.count_abort(mark.route)
+
+
+def stream_aborted(request: web.Request) -> None:
+    """Count a data-plane stream vLLM aborted (`finish_reason: "abort"`, seen by the SSE
+    watcher) outside serving; called however the stream ended, also when the client left
+    right after vLLM's `[DONE]`."""
+    mark = request.get(PASSAGE)
+    lifecycle = request.app[LIFECYCLE]
+    if mark is not None and mark.plane == DATA and lifecycle.phase != SERVING:
+        lifecycle.count_abort(mark.route)
+
+
+def version_change(request: web.Request) -> bytes:
+    """What to append to a data-plane SSE stream that ended as vLLM sent it: when the weight
+    version changed while it ran (a `keep` pause around a weight update), a named event after
+    vLLM's `[DONE]`. SSE clients that listen for `weight_version` read it; the openai SDK stops
+    at `[DONE]` and never sees it."""
+    mark = request.get(PASSAGE)
+    if mark is None or mark.plane != DATA:
+        return b""
+    lifecycle = request.app[LIFECYCLE]
+    if mark.version is None or lifecycle.version in (None, mark.version):
+        return b""
+    change = {"weight_version": lifecycle.version, "previous": mark.version}
+    return b"event: weight_version\ndata: " + orjson.dumps(change) + b"\n\n"

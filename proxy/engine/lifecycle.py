@@ -1,0 +1,258 @@
+"""The engine lifecycle as the sidecar lives it: phases from relayed calls, holds, the token.
+
+Planned phases are waited out, as vLLM alone would: a data-plane request that meets a pause, a
+sleep or a weight sync is held for as long as the phase lasts (SkyRL 0.4 pauses in `keep` mode
+around every weight sync and fails at once on a JSON 5xx). The hold happens here, not in
+vLLM's queue, so that nothing is sent into an engine that cannot serve it and so that a
+deadline someone asked for can still be answered with a proper 503 and Retry-After. A hold
+ends with the phase, with the engine going down (at once, with the clear error), with the
+client, or with a deadline that was asked for: per request (`X-Sidecar-Hold-Timeout`) or
+pod-wide (`--phase-hold-timeout`, off by default).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from aiohttp import web
+
+from proxy.core import control, phase
+from proxy.core.errors import PhaseRefusal, Unauthorized
+from proxy.core.phase import SERVING
+from proxy.observe.metrics import EngineMetrics
+from proxy.observe.record import RequestRecord
+from proxy.upstream.engine_probe import Probe
+from proxy.upstream.session import Interrupted
+
+from .stalls import MIN_QUIET, Stalls
+from .state import ALONE, Change, EngineState, Role
+from .steps import LocalSteps, Steps
+
+log = logging.getLogger("proxy.lifecycle")  # its name before the layers: kept for filters
+
+
+class Lifecycle:
+    """The gate data-plane requests pass: held while the engine's state (`state`) does not
+    serve, released on its changes; control calls move that state through `steps`.
+
+    `role` says what this copy does besides (`state.Role`); `relay`, a worker's of `--workers
+    N`, takes the steps elsewhere (the supervisor) instead of here."""
+
+    def __init__(
+        self,
+        metrics: EngineMetrics,
+        *,
+        hold_timeout: float | None,
+        hold_queue: int,
+        token: bytes | None,
+        long_after: float = 600.0,
+        role: Role = ALONE,
+        relay: Callable[[EngineState], Steps] | None = None,
+    ) -> None:
+        self.metrics = metrics
+        self.hold_queue, self.token, self.long_after = hold_queue, token, long_after
+        self.state = EngineState(metrics, hold_timeout=hold_timeout, role=role)
+        self.state.listeners.append(self._changed)
+        self.probe: Probe | None = None  # reconciling's, while it runs (the lead's only)
+        self.steps: Steps = (
+            LocalSteps(self.state, lambda: self.probe) if relay is None else relay(self.state)
+        )
+        self.held = self.running = 0
+        self._long_timer: asyncio.TimerHandle | None = None
+        self._wakeup = asyncio.Event()  # replaced on each change: held requests look again
+        self.stalls = Stalls()
+
+    @property
+    def role(self) -> Role:
+        return self.state.role
+
+    @property
+    def phase(self) -> str:
+        return self.state.phase
+
+    @property
+    def version(self) -> str | None:
+        return self.state.version
+
+    @property
+    def hold_timeout(self) -> float | None:
+        return self.state.hold_timeout
+
+    def _changed(self, change: Change) -> None:
+        """The state changed: time a new phase, release held requests to look again, and
+        watch or stop watching the streams a phase may stall."""
+        if change.kind == "version":
+            return
+        now = self.state.phase
+        if now != change.before:
+            self._watch_length(now)
+        self._wake()
+        if change.kind != "engine":
+            return
+        if now == SERVING:
+            self.stalls.stop()
+        elif change.before == SERVING and self.hold_timeout is not None:
+            # Only a deadline someone asked for ends a frozen stream; vLLM alone keeps it open.
+            self.stalls.start(asyncio.get_running_loop().create_task(self._sweep()))
+
+    def _wake(self) -> None:
+        self._wakeup.set()
+        self._wakeup = asyncio.Event()
+
+    def _watch_length(self, now: str) -> None:
+        """A phase that lasts past --phase-long-after is logged, shown and alerted on; it fails
+        no request by itself (a weight sync of a large model takes minutes)."""
+        if self._long_timer is not None:
+            self._long_timer.cancel()
+            self._long_timer = None
+        if now != SERVING and self.role.leads:
+            loop = asyncio.get_running_loop()
+            self._long_timer = loop.call_later(self.long_after, self._lasted_long, now)
+
+    def _lasted_long(self, now: str) -> None:
+        self._long_timer = None
+        if self.state.mark_long(now):
+            log.warning(
+                "engine %s for %.0fs (--phase-long-after %g): a trainer that died between its"
+                " calls, or a sync that hangs? Held requests: %d",
+                now,
+                self.state.elapsed(),
+                self.long_after,
+                self.held,
+            )
+
+    # -- the data plane ---------------------------------------------------------------------
+    async def admit(self, rec: RequestRecord, deadline: float | None = None) -> None:
+        """Return once the engine serves. Refuse when vLLM is down, the hold queue is full, or
+        a deadline asked for passes: `deadline` (the request's own) or --phase-hold-timeout."""
+        state = self.state
+        if state.phase == SERVING:
+            return
+        state.check_up(rec.route)
+        limit, flag = state.deadline(deadline)
+        if limit == 0:
+            raise state.refusal(rec.route, f"{flag} is 0: no request is held")
+        if self.hold_queue and self.held >= self.hold_queue:
+            why = f"{self.held} requests are held already (--phase-hold-queue)"
+            raise state.refusal(rec.route, why)
+        self.metrics.requests.labels(state.phase, rec.route, "held").inc()
+        self.held += 1
+        self.metrics.held.inc()
+        try:
+            async with asyncio.timeout(limit):
+                while state.phase != SERVING:
+                    state.check_up(rec.route)
+                    await self._wakeup.wait()
+        except TimeoutError:
+            raise state.refusal(rec.route, f"held {limit:g}s ({flag})") from None
+        finally:
+            self.held -= 1
+            self.metrics.held.dec()
+
+    async def after_rejection(self, rec: RequestRecord, attempt: int, left: float | None) -> None:
+        """vLLM (0.33) rejected a request as paused: a pause made around the sidecar, so far
+        unseen. Wait for a change of state or a backoff (0.25 s doubling to 5 s, vLLM answers
+        a rejection at once), then hold as any request; `left`: the client's deadline left."""
+        self.metrics.requests.labels(phase.PAUSED, rec.route, "rejected").inc()
+        if left is not None and left <= 0:
+            why = "vLLM rejected it as paused past X-Sidecar-Hold-Timeout"
+            raise self.state.refusal(rec.route, why)
+        changed = self._wakeup
+        self.held += 1
+        self.metrics.held.inc()
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(0.25 * 2**attempt, 5.0, left or 5.0)):
+                    await changed.wait()
+        finally:
+            self.held -= 1
+            self.metrics.held.dec()
+        await self.admit(rec, left)
+
+    def refusal(self, route: str, why: str, outcome: str = "refused") -> PhaseRefusal:
+        return self.state.refusal(route, why, outcome)
+
+    async def _sweep(self) -> None:
+        """While the engine does not serve, end the streams that stay silent for the deadline."""
+        quiet = max(self.hold_timeout or 0.0, MIN_QUIET)
+        while True:
+            before = self.stalls.quiet_since()
+            await asyncio.sleep(quiet)
+            for route, resp in self.stalls.stalled(before):
+                why = f"it received nothing for {quiet:g}s (--phase-hold-timeout)"
+                self.stalls.cut(resp, Interrupted(self.refusal(route, why, outcome="cut")))
+
+    def count_abort(self, route: str) -> None:
+        self.metrics.requests.labels(self.state.phase, route, "aborted").inc()
+
+    # -- the control plane ------------------------------------------------------------------
+    def authorize(self, header: str | None) -> None:
+        if self.token is not None and not control.authorized(header, self.token):
+            raise Unauthorized(
+                "This control-plane route needs the sidecar's control token: send "
+                "`Authorization: Bearer <token>` (--control-token). Nothing was forwarded."
+            )
+
+    @contextlib.asynccontextmanager
+    async def control_call(self, path: str, rec: RequestRecord, query: str) -> AsyncIterator[None]:
+        """Enter the call's phase when it is sent; settle it on the answer, revert on failure."""
+        if path not in phase.TRANSITIONS and path not in phase.VERSIONING:
+            yield
+            return
+        self._warn_unpaused(path)
+        steps = self.steps
+        call = await steps.enter(path)
+        try:
+            yield
+        except asyncio.CancelledError:
+            # The caller hung up: vLLM may have acted on the call anyway. The entered phase
+            # stands (the safe side) until vLLM's own flags settle it.
+            log.warning("%s: the caller left before vLLM answered; phase %s kept", path, self.phase)
+            steps.leave(call)
+            raise
+        except Exception:
+            await steps.failed(call, path)  # vLLM was not reached, or broke off
+            raise
+        if not 200 <= rec.status < 300:
+            await steps.failed(call, path)
+            return
+        await steps.answered(call, path, query)
+
+    def _warn_unpaused(self, path: str) -> None:
+        """Requests running into an update outside any pause or sleep: that crashed vLLM."""
+        unpaused = self.state.engine.base == SERVING and self.running
+        if path in phase.SYNC_START and unpaused:
+            self.metrics.unpaused_sync.inc(self.running)
+            log.warning(
+                "%s with %d requests running: pause the engine before updating weights "
+                "(an update under traffic crashed vLLM)",
+                path,
+                self.running,
+            )
+
+    def describe(self) -> dict[str, object]:
+        state, serves = self.state, self.role.serves
+        return {
+            "phase": state.phase,
+            "paused_or_asleep": state.engine.base,
+            "weight_sync": state.engine.syncing,
+            "since": state.since_wall,
+            "seconds": round(state.elapsed(), 3),
+            "weight_version": state.version,
+            "weight_updates": state.updates,
+            # A pod lead's requests are its workers': summed in vllm_sidecar_held_requests.
+            "held_requests": self.held if serves else None,
+            "running_requests": self.running if serves else None,
+            "long": state.long,
+            "engine_down": state.down,
+            "phase_hold_timeout": self.hold_timeout,
+            "phase_long_after": self.long_after,
+            "control_token": self.token is not None,
+        }
+
+
+# Its slot on an app (aiohttp's typed key, declared beside what it holds).
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)

@@ -1,0 +1,83 @@
+"""Keeping the sidecar's phase true to vLLM's: calls made around it, restarts, the version."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import aiohttp
+from yarl import URL
+
+from proxy.config.settings import Settings
+from proxy.core.phase import reconciled
+from proxy.upstream.engine_probe import Probe, ProbeFailed
+
+from .lifecycle import Lifecycle
+from .state import EngineState
+
+log = logging.getLogger("proxy.reconcile")  # its name before the layers: kept for filters
+
+
+# What one probe of vLLM found: its flags, no dev-mode routes, too slow to answer, or down.
+READ, NO_DEV, SLOW, DOWN = "read", "no_dev", "slow", "down"
+
+
+async def reconcile_once(state: EngineState, probe: Probe, *, restarted: bool) -> str:
+    """Ask vLLM once. A relayed control call in flight, or one answered while the probe was
+    out, wins over what the probe read. A refused or reset connection marks vLLM down (held
+    requests end at once); a timeout changes nothing: vLLM is slow during weight updates."""
+    epoch = state.epoch
+    try:
+        busy, version = await asyncio.gather(probe.busy(), probe.weight_version())
+    except ProbeFailed as exc:
+        log.debug("engine state unknown: %s", exc)
+        if exc.timed_out:
+            return SLOW
+        state.engine_down(str(exc))
+        return DOWN
+    state.engine_down(None)
+    if busy is not None and state.calls == 0 and state.epoch == epoch:
+        now = reconciled(state.engine, busy=busy, restarted=restarted)
+        if now.phase != state.phase:
+            log.warning(
+                "engine is %s by vLLM's own flags, not %s: a call made around the sidecar?",
+                now.phase,
+                state.phase,
+            )
+        state.set(now, "reconciled with vLLM")
+    if state.calls == 0 and state.epoch == epoch:
+        state.set_version(version)
+    return NO_DEV if busy is None and version is None else READ
+
+
+async def _loop(lifecycle: Lifecycle, probe: Probe, interval: float, idle: float) -> None:
+    down = False
+    while True:
+        # After a spell of refused connections vLLM may have restarted: no sync survives
+        # that. A timeout is not such a spell: vLLM is slow while it loads weights.
+        found = await reconcile_once(lifecycle.state, probe, restarted=down)
+        if found != SLOW:
+            down = found == DOWN
+        # Without dev mode every probe is a 404 in vLLM's log: ask again only now and then.
+        await asyncio.sleep(idle if found == NO_DEV else interval)
+
+
+@contextlib.asynccontextmanager
+async def reconciling(
+    lifecycle: Lifecycle, session: aiohttp.ClientSession, base: URL, settings: Settings
+) -> AsyncIterator[None]:
+    """Probe vLLM every --health-interval (every --discovery-interval while it has no dev-mode
+    routes) for as long as the context is open."""
+    interval = settings.health_interval
+    idle = max(settings.discovery_interval, interval)
+    lifecycle.probe = Probe(session, base, timeout=max(min(interval, 5.0), 1.0))
+    task = asyncio.create_task(_loop(lifecycle, lifecycle.probe, interval, idle))
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        lifecycle.probe = None
+        lifecycle.stalls.stop()

@@ -1,0 +1,56 @@
+"""The steps of a phase-changing control call, taken where the pod's engine state is kept.
+
+A call is entered when it is sent, then answered, failed (reverted) or left (its caller hung
+up). One process and the supervisor of `--workers N` take each step on their own state
+(`LocalSteps`); a worker relays it to the supervisor (`pod.podlifecycle.Relay`). Both are
+`Steps`: the lifecycle awaits each step without knowing where it is taken.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Protocol
+
+from proxy.core.phase import VERSIONING
+from proxy.upstream.engine_probe import Probe, ProbeFailed
+
+from .state import Call, EngineState
+
+
+class Steps(Protocol):
+    async def enter(self, path: str) -> Call: ...
+
+    def leave(self, call: Call) -> None: ...
+
+    async def failed(self, call: Call, path: str) -> None: ...
+
+    async def answered(self, call: Call, path: str, query: str) -> None: ...
+
+
+class LocalSteps:
+    """Each step taken on `state` at once; an answer also reads what vLLM now reports, through
+    the probe that reconciling keeps (`probe()`, None while there is none)."""
+
+    def __init__(self, state: EngineState, probe: Callable[[], Probe | None]) -> None:
+        self.state, self._probe = state, probe
+
+    async def enter(self, path: str) -> Call:
+        return self.state.enter(path)
+
+    def leave(self, call: Call) -> None:
+        self.state.leave(call)
+
+    async def failed(self, call: Call, path: str) -> None:
+        self.state.failed(call, path)
+
+    async def answered(self, call: Call, path: str, query: str) -> None:
+        awake, version, probe = True, None, self._probe()
+        if path == "/wake_up" and "tags=" in query and probe is not None:
+            # Waking only some tags (weights, then kv_cache) leaves the engine asleep.
+            with contextlib.suppress(ProbeFailed):
+                awake = await probe.sleeping() is False
+        if path in VERSIONING and probe is not None:
+            with contextlib.suppress(ProbeFailed):
+                version = await probe.weight_version()
+        self.state.answered(call, path, awake=awake, version=version)

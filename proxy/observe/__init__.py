@@ -1,0 +1,1 @@
+"""What every layer reports into: metrics, logs, the request record."""

@@ -1,0 +1,103 @@
+"""One engine phase for the pod: the steps workers relay to the supervisor, and their relay.
+
+A control call relayed by one worker must take effect on every worker at once: a worker that
+had not heard of a `/start_weight_update` would forward completions into the update, which
+crashed vLLM. So a worker relays each step of a phase-changing call (sent, answered, failed,
+caller gone) to the supervisor and waits for it; the supervisor applies the step to the pod's
+phase, sends the new phase to every worker, and only then answers. A worker therefore forwards
+a `/pause` to vLLM only once every worker has been sent the pause: what remains is the time a
+sibling's event loop takes to read one local socket line, while requests it forwarded before
+are running ones, as with one process (vLLM aborts or freezes them itself). Reconciling with
+vLLM's flags and reading the weight version run once, in the supervisor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from proxy.core import phase
+from proxy.engine.state import Call, EngineState
+from proxy.engine.steps import LocalSteps
+
+from .podstate import Channel, Message
+
+log = logging.getLogger("proxy.podlifecycle")  # its name before the layers: kept for filters
+
+# A step may wait for the supervisor's probe of vLLM (at most 5 s each) after the answer.
+STEP_TIMEOUT = 15.0
+UNKNOWN: Call = 0  # a call the supervisor did not number (it did not answer in time)
+
+
+class PodCalls:
+    """The supervisor's side: the steps workers relay, taken on the pod's state (`steps`), and
+    which worker opened which call."""
+
+    def __init__(self, steps: LocalSteps) -> None:
+        self.steps = steps
+        self.by_worker: dict[int, set[Call]] = {}
+
+    async def relayed(self, worker: int, step: Message) -> Message:
+        """One step of a control call a worker relays; its answer once every worker was told."""
+        kind, path = step["step"], step.get("path", "")
+        if kind == "enter":
+            call = await self.steps.enter(path)
+            self.by_worker.setdefault(worker, set()).add(call)
+            return {"call": call}
+        call = step["call"]
+        self.by_worker.get(worker, set()).discard(call)
+        if kind == "failed":
+            await self.steps.failed(call, path)
+        elif kind == "answered":
+            await self.steps.answered(call, path, step.get("query", ""))
+        else:
+            self.steps.leave(call)
+        return {}
+
+    def worker_gone(self, worker: int) -> None:
+        """A worker died with calls open: their phases stand, as when a caller hangs up."""
+        for call in self.by_worker.pop(worker, ()):
+            self.steps.leave(call)
+
+
+class Relay:
+    """A worker's steps: each sent to the supervisor, which takes it on the pod's state and
+    publishes the result back (`EngineState.follow`); `state` is this worker's mirror."""
+
+    def __init__(self, state: EngineState, channel: Channel) -> None:
+        self.state, self._channel = state, channel
+
+    async def _step(self, step: Message) -> Message | None:
+        reply = await self._channel.ask({"lifecycle": step}, within=STEP_TIMEOUT)
+        if reply is None:
+            log.error("the supervisor did not take the step %s of %s", step["step"], step["path"])
+        return reply
+
+    async def enter(self, path: str) -> Call:
+        asking = asyncio.ensure_future(self._step({"step": "enter", "path": path}))
+        try:
+            reply = await asyncio.shield(asking)
+        except asyncio.CancelledError:
+            # The caller left before the call was forwarded: once the pod entered the phase,
+            # take it back, as for a call vLLM never got.
+            asking.add_done_callback(lambda _: self._unsent(asking, path))
+            raise
+        if reply is None:  # the safe side: this worker at least enters the phase
+            self.state.set(phase.on_send(self.state.engine, path), f"{path} sent")
+            return UNKNOWN
+        return int(reply["call"])
+
+    def _unsent(self, asking: asyncio.Future[Message | None], path: str) -> None:
+        reply = None if asking.cancelled() or asking.exception() else asking.result()
+        if reply is not None:
+            step = {"step": "failed", "call": int(reply["call"]), "path": path}
+            self._channel.send({"lifecycle": step})
+
+    def leave(self, call: Call) -> None:
+        self._channel.send({"lifecycle": {"step": "leave", "call": call}})
+
+    async def failed(self, call: Call, path: str) -> None:
+        await self._step({"step": "failed", "call": call, "path": path})
+
+    async def answered(self, call: Call, path: str, query: str) -> None:
+        await self._step({"step": "answered", "call": call, "path": path, "query": query})

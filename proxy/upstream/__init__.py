@@ -1,0 +1,1 @@
+"""The upstream side: the vLLM session, served-name discovery, the engine probe."""

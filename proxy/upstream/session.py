@@ -1,0 +1,183 @@
+"""The upstream connection: client session settings, URL building, client errors -> failures."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from contextvars import ContextVar
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from aiohttp.client_proto import ResponseHandler
+from yarl import URL
+
+from proxy.config.settings import Settings
+from proxy.core.errors import (
+    SidecarFailure,
+    UpstreamDisconnected,
+    UpstreamInvalidResponse,
+    UpstreamPoolExhausted,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+
+log = logging.getLogger("proxy.upstream")  # its name before the layers: kept for filters
+
+
+class _AnsweredOnce(ResponseHandler):
+    """A pooled connection that closes itself when the upstream writes while no request waits.
+
+    aiohttp parses such bytes into its queue and hands the connection to the next request,
+    which then reads the stale response as its own, and every later request on it the previous
+    one's (the pool checks only that the socket is open). nginx and Envoy close an idle
+    upstream connection that receives data; so does this. Waiting starts when a request's
+    response parameters are set, just before it is sent, and ends when a final (non-1xx)
+    response has been read to its end.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self._waiting = False
+        self._answer: Any = None  # the payload of the final response, once its head is parsed
+
+    def set_response_params(self, **params: Any) -> None:
+        self._waiting, self._answer = True, None
+        super().set_response_params(**params)
+
+    def feed_data(self, data: Any, size: int = 0) -> None:
+        message, payload = data
+        if message.code >= 200:
+            self._answer = payload
+        super().feed_data(data, size)
+
+    def data_received(self, data: bytes) -> None:
+        if data and not self._waiting:
+            log.warning("closing an idle upstream connection that received %d bytes", len(data))
+            if self.transport is not None:
+                self.transport.close()
+            return
+        super().data_received(data)
+        if self._answer is not None and self._answer.is_eof():
+            self._waiting, self._answer = False, None
+
+
+class _Connector(aiohttp.TCPConnector):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # aiohttp has no public hook for the protocol class: the factory is the one seam.
+        self._factory = functools.partial(_AnsweredOnce, loop=self._loop)  # type: ignore[assignment]
+
+
+def make_session(settings: Settings) -> aiohttp.ClientSession:
+    """A session tuned for LLM traffic; each default below breaks it when left alone."""
+    connector = _Connector(
+        limit=settings.max_connections,  # 0: SkyRL sends 512 concurrent requests per engine
+        limit_per_host=0,
+        enable_cleanup_closed=False,
+        ttl_dns_cache=60,
+        # Idle connections are dropped before vLLM drops them (uvicorn's keep-alive timeout,
+        # VLLM_HTTP_TIMEOUT_KEEP_ALIVE, is 5 s; aiohttp's default here is 15 s). Otherwise a
+        # request can go out on a connection the upstream is closing that very moment, and a
+        # POST is not retried: the client would get a 502 for a request vLLM never saw.
+        keepalive_timeout=4.0,
+    )
+    timeout = aiohttp.ClientTimeout(
+        total=None,  # generations can run for many minutes
+        # aiohttp's `connect` spans the wait for a pooled connection and the connecting; with a
+        # bounded pool that wait gets --pool-timeout, the connecting its own timeout after it.
+        connect=settings.pool_timeout + settings.connect_timeout
+        if settings.max_connections
+        else None,
+        sock_connect=settings.connect_timeout,
+        sock_read=settings.read_timeout,
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=timeout,
+        # Only a bounded pool has a queue to tell apart; a trace costs every request ~13 us.
+        trace_configs=[_pool_queue_trace()] if settings.max_connections else None,
+        auto_decompress=False,  # relay Content-Encoding together with the bytes it describes
+        # Relay the client's headers, not aiohttp's: add none of its defaults.
+        skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        trust_env=False,
+    )
+
+
+# Whether the current request is waiting for a pooled connection: set and cleared by aiohttp's
+# trace signals, which run in the request's own task, so each request sees its own value.
+_QUEUED: ContextVar[bool] = ContextVar("queued_for_upstream_pool", default=False)
+
+
+def _pool_queue_trace() -> aiohttp.TraceConfig:
+    async def queued(*_: object) -> None:
+        _QUEUED.set(True)
+
+    async def dequeued(*_: object) -> None:
+        _QUEUED.set(False)
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_queued_start.append(queued)
+    trace.on_connection_queued_end.append(dequeued)
+    return trace
+
+
+async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+    """At most `limit` bytes of the body, and whether there was more."""
+    parts, size = [], 0
+    async for chunk in resp.content.iter_any():
+        parts.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return b"".join(parts)[:limit], True
+    return b"".join(parts), False
+
+
+def target(base: URL, raw_path_qs: str) -> URL:
+    """The upstream URL for a request's raw path and query, passed byte for byte.
+
+    Built from raw parts with `encoded=True`: yarl's `join()` would drop a base path and
+    `with_query()` would encode the query a second time.
+    """
+    return URL(str(base).rstrip("/") + raw_path_qs, encoded=True)
+
+
+class Interrupted(aiohttp.ClientPayloadError):
+    """An upstream read the sidecar ended itself (a stream stuck in an engine phase); it carries
+    the failure the client is told."""
+
+    def __init__(self, failure: SidecarFailure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+def classify(exc: BaseException, *, where: str) -> SidecarFailure:
+    """A client-side exception from talking to the upstream -> the failure the client is told."""
+    if isinstance(exc, Interrupted):
+        return exc.failure
+    if isinstance(exc, aiohttp.ConnectionTimeoutError) and _QUEUED.get():
+        return UpstreamPoolExhausted(
+            f"Every upstream connection (--max-connections) stayed busy {where}, past"
+            " --pool-timeout; retry later."
+        )
+    if isinstance(exc, aiohttp.ServerTimeoutError | asyncio.TimeoutError):
+        return UpstreamTimeout(f"The upstream timed out {where}: {exc or type(exc).__name__}")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return UpstreamUnreachable(f"Could not connect to the upstream {where}: {exc.os_error}")
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return UpstreamInvalidResponse(
+            f"The upstream sent an invalid HTTP response {where}: {exc.message}"
+        )
+    detail = str(exc) or type(exc).__name__
+    return UpstreamDisconnected(f"The upstream connection dropped {where}: {detail}")
+
+
+# What `classify` understands: raised while sending to or reading from the upstream.
+UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
+
+
+# Its slot on an app (aiohttp's typed key, declared beside what it holds).
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+UPSTREAM = web.AppKey("upstream", URL)

@@ -1,0 +1,1 @@
+"""One process's wiring: settings -> create_app -> the server."""

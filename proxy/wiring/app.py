@@ -1,0 +1,96 @@
+"""Wiring: settings -> the proxy application, its metrics, upstream session and discovery."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from prometheus_client import CollectorRegistry
+from yarl import URL
+
+from proxy.client import connections
+from proxy.client.budget import BUDGET, Budget
+from proxy.client.connections import CONNECTIONS
+from proxy.client.drain import IN_FLIGHT, InFlight
+from proxy.client.forward import handle
+from proxy.client.guard import Limits
+from proxy.config.settings import SETTINGS, Settings
+from proxy.core.phase import SERVING
+from proxy.engine.gate import stamp
+from proxy.engine.lifecycle import LIFECYCLE, Lifecycle
+from proxy.engine.reconcile import reconciling
+from proxy.observe.metrics import METRICS, Metrics
+from proxy.upstream.discovery import DISCOVERY, Discovery
+from proxy.upstream.session import SESSION, UPSTREAM, make_session
+
+
+async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
+    async with make_session(app[SETTINGS]) as session:
+        app[SESSION] = session
+        async with app[DISCOVERY].running(session):
+            lifecycle = app[LIFECYCLE]
+            if not lifecycle.role.leads:  # a worker's follows the supervisor's, which reconciles
+                yield
+                return
+            async with reconciling(lifecycle, session, app[UPSTREAM], app[SETTINGS]):
+                yield
+
+
+@web.middleware
+async def _every_target(request: web.Request, handler: Handler) -> web.StreamResponse:
+    # `OPTIONS *` and `CONNECT host:443` match no route: `handle` answers them with an envelope
+    # and counts them, instead of aiohttp's plain 404.
+    if request.match_info.http_exception is not None:
+        return await handle(request)
+    return await handler(request)
+
+
+def create_app(
+    settings: Settings,
+    *,
+    registry: CollectorRegistry | None = None,
+    discovery: Callable[[Settings, Metrics, URL], Discovery] = Discovery,
+    lifecycle: Callable[..., Lifecycle] = Lifecycle,
+) -> web.Application:
+    """The proxy application: every method and path is forwarded to the upstream.
+
+    `discovery` and `lifecycle` make the served-name and health tracker and the engine's phase;
+    with `--workers N` the supervisor's publish to the workers', which follow (`podstate`)."""
+    # A body up to the limit must reach the handler, which answers 413 with an envelope itself.
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[_every_target])
+    metrics = Metrics(registry if registry is not None else CollectorRegistry())
+    app[SETTINGS] = settings
+    app[METRICS] = metrics
+    app[UPSTREAM] = URL(settings.upstream_url)
+    app[DISCOVERY] = discovery(settings, metrics, app[UPSTREAM])
+    app[BUDGET] = budget = Budget(settings.buffer_budget_bytes, metrics)
+    app[IN_FLIGHT] = in_flight = InFlight()
+    app[CONNECTIONS] = watch = connections.Watch(
+        _limits(settings), metrics, in_flight, on_quiet=budget.trim
+    )
+    app.middlewares.append(connections.middleware(watch))
+    app[LIFECYCLE] = engine = lifecycle(
+        metrics.engine,
+        hold_timeout=settings.phase_hold_timeout,
+        hold_queue=settings.phase_hold_queue,
+        token=settings.control_secret(),
+        long_after=settings.phase_long_after,
+    )
+    app[DISCOVERY].patient = lambda: engine.phase != SERVING or engine.state.calls > 0
+    app.on_response_prepare.append(stamp)
+    app.cleanup_ctx.append(_upstream_ctx)
+    # `[\s\S]`, not `.`: a path with an encoded newline (`%0A`) is a path too.
+    app.router.add_route("*", r"/{tail:[\s\S]*}", handle)
+    return app
+
+
+def _limits(settings: Settings) -> Limits:
+    return Limits(
+        header=settings.client_header_timeout,
+        body=settings.client_body_timeout,
+        idle=settings.client_idle_timeout,
+        send=settings.client_send_timeout,
+        max_connections=settings.max_client_connections,
+        min_body_rate=settings.client_body_min_rate,
+    )
