@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
 import aiohttp
@@ -18,13 +17,6 @@ from proxy.core.errors import (
     SidecarFailure,
     UpstreamInvalidResponse,
     UpstreamTimeout,
-)
-from proxy.core.rejection import (
-    MAX_PEEK,
-    PEEK_SECONDS,
-    first_event_end,
-    rejected_body,
-    rejected_stream,
 )
 from proxy.core.sse import is_event_stream
 from proxy.engine.gate import held_again, named_version, passage, resendable, upstream_started
@@ -44,6 +36,7 @@ from .budget import BUDGET
 from .drain import IN_FLIGHT
 from .failures import error_reply, failure_response, unexpected
 from .inbound import StreamedBody, read_request
+from .peek import paused_rejection
 from .relay import (
     BUFFER_LIMIT,
     buffered_reply,
@@ -134,10 +127,16 @@ async def _call_upstream(
     # A data-plane request vLLM 0.33 rejected as paused did not run: it is held and sent again.
     again = resendable(request) and (isinstance(body, bytes) or body.rest is None)
     attempt = 0
-    while (answer := await _send(request, rec, body, headers, again)) is None:
-        await held_again(request, rec, attempt)
-        attempt += 1
-    return answer
+    while True:
+        try:
+            return await _send(request, rec, body, headers, again)
+        except _Rejected:
+            await held_again(request, rec, attempt)
+            attempt += 1
+
+
+class _Rejected(Exception):
+    """vLLM rejected the request as paused: it did not run (core/rejection.py)."""
 
 
 async def _send(
@@ -146,8 +145,9 @@ async def _send(
     body: bytes | StreamedBody,
     headers: CIMultiDict[str],
     again: bool,
-) -> web.StreamResponse | None:
-    """One upstream call and its relayed answer; None when vLLM rejected it as paused."""
+) -> web.StreamResponse:
+    """One upstream call and its relayed answer; with `again`, `_Rejected` when vLLM rejected
+    it as paused."""
     app = request.app
     sent = time.perf_counter()
     try:
@@ -162,9 +162,9 @@ async def _send(
             upstream_started(request, resp)  # engine lifecycle: a stream a phase may stall
             first = b""
             if again:
-                first, rejected = await _peek(resp)
+                first, rejected = await paused_rejection(resp)
                 if rejected:
-                    return None
+                    raise _Rejected
             try:
                 return await _relay(request, rec, resp, first)
             finally:
@@ -178,29 +178,8 @@ async def _send(
         raise classify(exc, where=f"for {rec.method} {rec.path}") from exc
 
 
-async def _peek(resp: aiohttp.ClientResponse) -> tuple[bytes, bool]:
-    """The bytes read to tell whether vLLM rejected the request as paused, and whether it did:
-    a small 503's body, or a stream's first event."""
-    if resp.status == 503 and (resp.content_length or MAX_PEEK + 1) <= MAX_PEEK:
-        body = await resp.read()
-        return body, rejected_body(resp.status, body)
-    if resp.status != 200 or not is_event_stream(resp.headers.get("Content-Type")):
-        return b"", False
-    head = b""
-    # A rejection comes at once; a first token may take long (a long prompt): past a second
-    # the stream is relayed as any other, its headers and every event as they come.
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(PEEK_SECONDS):
-            while first_event_end(head) < 0 and len(head) <= MAX_PEEK:
-                chunk = await resp.content.readany()
-                if not chunk:
-                    break
-                head += chunk
-    return head, rejected_stream(head)
-
-
 # A health check is answered within this, whatever vLLM's API server is busy with: vllm-router
-# and Kubernetes give up on a slow answer and take the engine out of rotation.
+# (its check gives up after 5 s) and Kubernetes would take a busy engine out of rotation.
 HEALTH_PROMPT = 2.0
 
 
@@ -210,22 +189,16 @@ async def _health(
     """vLLM's /health, relayed; when it is slow to answer (its API server is busy taking in
     weights) and the sidecar's own last check found it healthy, the sidecar answers 200 for it
     (`X-Sidecar-Health: cached`) rather than let a router eject a busy engine."""
-    app = request.app
-    url = target(app[UPSTREAM], _origin_form(request))
     try:
         async with asyncio.timeout(HEALTH_PROMPT):
-            async with app[SESSION].request(request.method, url, headers=headers) as resp:
-                await resp.read()
-                return await _relay(request, rec, resp)
+            return await _send(request, rec, b"", headers, again=False)
     except TimeoutError:
-        if not app[DISCOVERY].healthy:
+        if not request.app[DISCOVERY].healthy:
             raise UpstreamTimeout(
                 f"vLLM did not answer {rec.method} /health within {HEALTH_PROMPT:g}s, and its"
                 " last health check failed."
             ) from None
         return web.Response(headers={"X-Sidecar-Health": "cached"})
-    except UPSTREAM_ERRORS as exc:
-        raise classify(exc, where=f"for {rec.method} {rec.path}") from exc
 
 
 def _upstream_headers(request: web.Request, rec: RequestRecord) -> CIMultiDict[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import aiohttp
 import orjson
@@ -37,8 +37,11 @@ class Passage:
     retry_after: int | None = None
     unauthorized: bool = False
     named: str | None = None  # the version the sidecar gave a finished update that named none
-    deadline: float | None = None  # the client's own hold deadline (X-Sidecar-Hold-Timeout)
-    since: float = field(default_factory=time.monotonic)
+    until: float | None = None  # the client's own hold deadline (monotonic), if it set one
+
+    def left(self) -> float | None:
+        """Seconds left of the client's hold deadline; None when it set none."""
+        return None if self.until is None else max(self.until - time.monotonic(), 0.0)
 
 
 PASSAGE = web.RequestKey("passage", Passage)
@@ -66,7 +69,8 @@ def passage(
             mark.unauthorized = True
             raise
         return lifecycle.control_call(normalized(request.path), rec, request.query_string)
-    mark.deadline = _asked_deadline(request)
+    if (seconds := _asked_deadline(request)) is not None:
+        mark.until = time.monotonic() + seconds
     return _Data(rec, lifecycle, mark)
 
 
@@ -115,7 +119,7 @@ class _Data:
 
     async def __aenter__(self) -> None:
         try:
-            await self.lifecycle.admit(self.rec, self.mark.deadline)
+            await self.lifecycle.admit(self.rec, self.mark.left())
         except PhaseRefusal as refusal:
             self.mark.retry_after = refusal.retry_after
             raise
@@ -139,10 +143,9 @@ async def held_again(request: web.Request, rec: RequestRecord, attempt: int) -> 
     hold again. A deadline the client asked for counts from its first hold."""
     mark = request[PASSAGE]
     lifecycle = request.app[LIFECYCLE]
-    left = None if mark.deadline is None else mark.deadline - (time.monotonic() - mark.since)
     lifecycle.running -= 1  # held again, not running: an update may start meanwhile
     try:
-        await lifecycle.after_rejection(rec, attempt, None if left is None else max(left, 0.0))
+        await lifecycle.after_rejection(rec, attempt, mark.left())
     except PhaseRefusal as refusal:
         mark.retry_after = refusal.retry_after
         raise

@@ -15,14 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from aiohttp import web
 
 from proxy.core import control, phase
-from proxy.core.errors import PhaseRefusal, Unauthorized
+from proxy.core.errors import Unauthorized
 from proxy.core.phase import SERVING
-from proxy.observe.metrics import EngineMetrics
+from proxy.observe.engine_metrics import EngineMetrics
 from proxy.observe.record import RequestRecord
 from proxy.upstream.engine_probe import Probe
 from proxy.upstream.session import Interrupted
@@ -139,15 +139,22 @@ class Lifecycle:
             why = f"{self.held} requests are held already (--phase-hold-queue)"
             raise state.refusal(rec.route, why)
         self.metrics.requests.labels(state.phase, rec.route, "held").inc()
+        try:
+            with self._holding():
+                async with asyncio.timeout(limit):
+                    while state.phase != SERVING:
+                        state.check_up(rec.route)
+                        await self._wakeup.wait()
+        except TimeoutError:
+            raise state.refusal(rec.route, f"held {limit:.3g}s ({flag})") from None
+
+    @contextlib.contextmanager
+    def _holding(self) -> Iterator[None]:
+        """One request held: in `held` and the held gauge for as long as the block runs."""
         self.held += 1
         self.metrics.held.inc()
         try:
-            async with asyncio.timeout(limit):
-                while state.phase != SERVING:
-                    state.check_up(rec.route)
-                    await self._wakeup.wait()
-        except TimeoutError:
-            raise state.refusal(rec.route, f"held {limit:g}s ({flag})") from None
+            yield
         finally:
             self.held -= 1
             self.metrics.held.dec()
@@ -161,19 +168,10 @@ class Lifecycle:
             why = "vLLM rejected it as paused past X-Sidecar-Hold-Timeout"
             raise self.state.refusal(rec.route, why)
         changed = self._wakeup
-        self.held += 1
-        self.metrics.held.inc()
-        try:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(0.25 * 2**attempt, 5.0, left or 5.0)):
-                    await changed.wait()
-        finally:
-            self.held -= 1
-            self.metrics.held.dec()
+        with self._holding(), contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(0.25 * 2**attempt, 5.0, left or 5.0)):
+                await changed.wait()
         await self.admit(rec, left)
-
-    def refusal(self, route: str, why: str, outcome: str = "refused") -> PhaseRefusal:
-        return self.state.refusal(route, why, outcome)
 
     async def _sweep(self) -> None:
         """While the engine does not serve, end the streams that stay silent for the deadline."""
@@ -183,7 +181,7 @@ class Lifecycle:
             await asyncio.sleep(quiet)
             for route, resp in self.stalls.stalled(before):
                 why = f"it received nothing for {quiet:g}s (--phase-hold-timeout)"
-                self.stalls.cut(resp, Interrupted(self.refusal(route, why, outcome="cut")))
+                self.stalls.cut(resp, Interrupted(self.state.refusal(route, why, outcome="cut")))
 
     def count_abort(self, route: str) -> None:
         self.metrics.requests.labels(self.state.phase, route, "aborted").inc()

@@ -23,7 +23,7 @@ from proxy.core.errors import (
     WeightSync,
 )
 from proxy.core.phase import Engine
-from proxy.observe.metrics import EngineMetrics
+from proxy.observe.engine_metrics import EngineMetrics
 
 log = logging.getLogger("proxy.lifecycle")  # its name before the layers: kept for filters
 

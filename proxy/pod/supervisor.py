@@ -26,7 +26,8 @@ from proxy.engine.lifecycle import Lifecycle
 from proxy.engine.state import POD_LEAD
 from proxy.engine.steps import LocalSteps
 from proxy.observe import logs
-from proxy.observe.metrics import METRICS, EngineMetrics, Metrics, WorkerMetrics
+from proxy.observe.engine_metrics import EngineMetrics
+from proxy.observe.metrics import METRICS, Metrics, WorkerMetrics
 from proxy.wiring.app import create_app
 from proxy.wiring.server import flushing_logs_until
 

@@ -24,7 +24,8 @@ from proxy.config.settings import SETTINGS, Settings
 from proxy.engine.lifecycle import Lifecycle
 from proxy.engine.state import FOLLOWER, EngineState, Snapshot
 from proxy.observe import logs
-from proxy.observe.metrics import EngineMetrics, Metrics
+from proxy.observe.engine_metrics import EngineMetrics
+from proxy.observe.metrics import Metrics
 from proxy.upstream.discovery import Discovery
 from proxy.wiring import server
 from proxy.wiring.app import create_app

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry
 from proxy.core.errors import EnginePaused, EngineSleeping, UpstreamUnreachable, WeightSync
 from proxy.core.phase import PAUSED, SERVING, SLEEPING, WEIGHT_SYNC, Engine, next_version
 from proxy.engine.state import ALONE, FOLLOWER, Change, EngineState, Role
-from proxy.observe.metrics import EngineMetrics
+from proxy.observe.engine_metrics import EngineMetrics
 
 
 def make(

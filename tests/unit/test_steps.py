@@ -10,7 +10,7 @@ from pytest_aiohttp.plugin import AiohttpServer
 from proxy.core.phase import PAUSED, SERVING, SLEEPING
 from proxy.engine.state import EngineState
 from proxy.engine.steps import LocalSteps
-from proxy.observe.metrics import EngineMetrics
+from proxy.observe.engine_metrics import EngineMetrics
 from proxy.upstream.engine_probe import Probe
 
 
