@@ -25,7 +25,10 @@ async def paused_rejection(resp: aiohttp.ClientResponse) -> tuple[bytes, bool]:
         return body, rejected_body(resp.status, body)
     if resp.status != 200 or not is_event_stream(resp.headers.get("Content-Type")):
         return b"", False
-    head = b""
+    # Mostly the first event came with the headers: told without a timer or a wait.
+    head = resp.content.read_nowait()
+    if first_event_end(head) >= 0:
+        return head, rejected_stream(head)
     # A rejection comes at once; a first token may take long (a long prompt): past a second
     # the stream is relayed as any other, its headers and every event as they come.
     with contextlib.suppress(TimeoutError):

@@ -51,7 +51,7 @@ def first_event_end(data: bytes) -> int:
 def rejected_stream(head: bytes) -> bool:
     """A stream whose first event is the rejection: `data: {"error": {...}}`."""
     end = first_event_end(head)
-    if end < 0:
+    if end < 0 or b'"error"' not in head[:end]:  # a token's event: no parse needed
         return False
     for line in head[:end].splitlines():
         if line.startswith(b"data:"):
