@@ -174,6 +174,11 @@ def classify(exc: BaseException, *, where: str) -> SidecarFailure:
     return UpstreamDisconnected(f"The upstream connection dropped {where}: {detail}")
 
 
+def never_connected(exc: BaseException) -> bool:
+    """A connect to the upstream that timed out (not a wait for the pool): nothing was sent."""
+    return isinstance(exc, aiohttp.ConnectionTimeoutError) and not _QUEUED.get()
+
+
 # What `classify` understands: raised while sending to or reading from the upstream.
 UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
 

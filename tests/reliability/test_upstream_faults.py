@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 import socket
 from collections.abc import Iterator
 
@@ -20,6 +21,7 @@ from aiohttp.test_utils import TestServer
 
 from tests.fake_vllm import FakeVLLM, raw, reset, respond, sse_chunk, sse_then_reset, start_sse
 from tests.sidecar import COMPLETION, MakeSidecar, Sidecar, assert_envelope, failures
+from tests.support import eventually
 
 STREAM = {**COMPLETION, "stream": True}
 
@@ -68,6 +70,87 @@ async def test_connect_timeout_is_504(make_sidecar: MakeSidecar, full_backlog: i
     assert "timed out" in str(err["message"])
     assert failures(sidecar, "upstream_timeout", "504") == 1
     assert requests_total(sidecar, "504") == 1
+
+
+class SlowAccept:
+    """A port in front of the fake vLLM that can stop accepting (its accept queue fills, as a
+    busy vLLM's does): each accepted connection is piped to the fake."""
+
+    def __init__(self, upstream: TestServer) -> None:
+        self.target = (str(upstream.host), int(upstream.port or 0))
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(0)
+        self.listener.setblocking(False)
+        self.port = int(self.listener.getsockname()[1])
+        self.pipes: set[asyncio.Task[None]] = set()
+        self.accepting: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.accepting = asyncio.create_task(self._accept())
+
+    async def stall(self) -> socket.socket:
+        """Accept nothing more, drop the connections piped so far (the sidecar's pooled ones),
+        and fill the queue: a new connection's SYN is dropped. Returns the filler."""
+        assert self.accepting is not None
+        for task in (self.accepting, *self.pipes):
+            task.cancel()
+        await asyncio.gather(self.accepting, *self.pipes, return_exceptions=True)
+        return socket.create_connection(("127.0.0.1", self.port))
+
+    def close(self) -> None:
+        for task in (self.accepting, *self.pipes):
+            if task is not None:
+                task.cancel()
+        self.listener.close()
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            conn, _ = await loop.sock_accept(self.listener)
+            task = asyncio.create_task(self._pipe(conn))
+            self.pipes.add(task)
+            task.add_done_callback(self.pipes.discard)
+
+    async def _pipe(self, conn: socket.socket) -> None:
+        reader, writer = await asyncio.open_connection(sock=conn)
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+
+        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+            dst.close()
+
+        try:
+            await asyncio.gather(copy(reader, up_writer), copy(up_reader, writer))
+        finally:
+            writer.close()
+            up_writer.close()
+
+
+async def test_a_healthy_vllm_that_accepts_late_is_connected_again_not_a_504(
+    upstream: TestServer, make_sidecar: MakeSidecar, caplog: pytest.LogCaptureFixture
+) -> None:
+    """vLLM alone would have kept the client waiting: nothing was sent, so try again."""
+    # Guards: exchange.call_upstream's reconnect of a healthy vLLM (never_connected).
+    port = SlowAccept(upstream)
+    port.start()
+    sidecar = await make_sidecar(f"http://127.0.0.1:{port.port}", connect_timeout=0.3)
+    filler = await port.stall()
+    with caplog.at_level(logging.WARNING, logger="proxy.client.exchange"):
+        request = asyncio.create_task(sidecar.client.post("/v1/completions", json=COMPLETION))
+
+        def timed_out() -> bool:  # or the request is over: without the retry, a 504
+            return "trying again" in caplog.text or request.done()
+
+        await eventually(timed_out, "a first connect timed out")
+        port.start()  # the filler is accepted first, then the sidecar's next SYN
+        resp = await asyncio.wait_for(request, 10)
+    assert resp.status == 200, await resp.text()
+    assert failures(sidecar, "upstream_timeout", "504") == 0
+    filler.close()
+    port.close()
 
 
 async def test_reset_before_headers_is_502(sidecar: Sidecar, fake: FakeVLLM) -> None:

@@ -1,0 +1,214 @@
+"""One request's exchange with vLLM: sent (again, where it provably did not run), relayed back.
+
+Sent again, never twice run: a request vLLM 0.33 rejected as paused (client/peek.py), and one
+whose connection a healthy vLLM accepted too late (nothing was sent). /health is answered
+within a bound whatever vLLM is busy with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from proxy.config.settings import SETTINGS
+from proxy.core import headers as hdrs
+from proxy.core.errors import UpstreamInvalidResponse, UpstreamTimeout
+from proxy.core.sse import is_event_stream
+from proxy.engine.gate import held_again, named_version, resendable, upstream_started
+from proxy.observe.metrics import METRICS
+from proxy.observe.record import RequestRecord
+from proxy.upstream.discovery import DISCOVERY
+from proxy.upstream.session import (
+    SESSION,
+    UPSTREAM,
+    UPSTREAM_ERRORS,
+    classify,
+    never_connected,
+    read_capped,
+    target,
+)
+
+from .budget import BUDGET
+from .drain import IN_FLIGHT
+from .failures import error_reply
+from .inbound import StreamedBody
+from .peek import paused_rejection
+from .relay import (
+    BUFFER_LIMIT,
+    buffered_reply,
+    checked_json_reply,
+    chunked_json_read,
+    stream_reply,
+    unframed_json,
+)
+
+log = logging.getLogger(__name__)
+
+
+def origin_form(request: web.Request) -> str:
+    """The raw path and query to forward; an absolute-form target (RFC 9112 section 3.2.2,
+    `GET http://host/path`) keeps only those: the request still goes to the upstream."""
+    raw = request.raw_path
+    return raw if raw.startswith("/") else request.rel_url.raw_path_qs
+
+
+async def call_upstream(
+    request: web.Request, rec: RequestRecord, body: bytes | StreamedBody
+) -> web.StreamResponse:
+    headers = _upstream_headers(request, rec)
+    if isinstance(body, bytes) and (named := named_version(request, body)) is not None:
+        body = named
+        headers["Content-Type"] = "application/json"
+    if rec.route == "/health" and request.method in ("GET", "HEAD"):
+        return await _health(request, rec, headers)
+    # A data-plane request vLLM 0.33 rejected as paused did not run: it is held and sent again.
+    again = resendable(request) and (isinstance(body, bytes) or body.rest is None)
+    attempt = connects = 0
+    while True:
+        try:
+            return await _send(request, rec, body, headers, again, connects < RECONNECTS)
+        except _Rejected:
+            await held_again(request, rec, attempt)
+            attempt += 1
+        except _Unconnected:
+            connects += 1
+            log.warning(
+                "%s %s: vLLM accepted no connection in time; trying again (nothing was sent)",
+                rec.method,
+                rec.path,
+            )
+
+
+# A connect to a vLLM its last health check found up that timed out is tried again this many
+# times: nothing was sent, and a busy vLLM on a loaded machine may accept late (a client
+# talking to it directly would have waited). Past them, or for an upstream seen down, a 504.
+RECONNECTS = 2
+
+
+class _Rejected(Exception):
+    """vLLM rejected the request as paused: it did not run (core/rejection.py)."""
+
+
+class _Unconnected(Exception):
+    """The connect to vLLM timed out: nothing was sent."""
+
+
+async def _send(
+    request: web.Request,
+    rec: RequestRecord,
+    body: bytes | StreamedBody,
+    headers: CIMultiDict[str],
+    again: bool,
+    reconnect: bool = False,
+) -> web.StreamResponse:
+    """One upstream call and its relayed answer; with `again`, `_Rejected` when vLLM rejected
+    it as paused; with `reconnect`, `_Unconnected` when a healthy vLLM accepted no connection
+    in time."""
+    app = request.app
+    sent = time.perf_counter()
+    try:
+        async with app[SESSION].request(
+            request.method,
+            target(app[UPSTREAM], origin_form(request)),
+            data=_payload(request, body, headers),
+            headers=headers,
+            allow_redirects=False,
+        ) as resp:
+            app[METRICS].ttfb.labels(rec.route).observe(time.perf_counter() - sent)
+            upstream_started(request, resp)  # engine lifecycle: a stream a phase may stall
+            first = b""
+            if again:
+                first, rejected = await paused_rejection(resp)
+                if rejected:
+                    raise _Rejected
+            try:
+                return await _relay(request, rec, resp, first)
+            finally:
+                rec.upstream_time = time.perf_counter() - sent
+    except UPSTREAM_ERRORS as exc:
+        if request.transport is None or request.transport.is_closing():
+            # The client's side broke (its upload of a streamed body, say): the upstream is
+            # not to blame, and nobody is left to answer.
+            rec.client_left(app[METRICS])
+            return web.Response()
+        if reconnect and never_connected(exc) and app[DISCOVERY].healthy:
+            raise _Unconnected from exc
+        raise classify(exc, where=f"for {rec.method} {rec.path}") from exc
+
+
+# A health check is answered within this, whatever vLLM's API server is busy with: vllm-router
+# (its check gives up after 5 s) and Kubernetes would take a busy engine out of rotation.
+HEALTH_PROMPT = 2.0
+
+
+async def _health(
+    request: web.Request, rec: RequestRecord, headers: CIMultiDict[str]
+) -> web.StreamResponse:
+    """vLLM's /health, relayed; when it is slow to answer (its API server is busy taking in
+    weights) and the sidecar's own last check found it healthy, the sidecar answers 200 for it
+    (`X-Sidecar-Health: cached`) rather than let a router eject a busy engine."""
+    try:
+        async with asyncio.timeout(HEALTH_PROMPT):
+            return await _send(request, rec, b"", headers, again=False)
+    except TimeoutError:
+        if not request.app[DISCOVERY].healthy:
+            raise UpstreamTimeout(
+                f"vLLM did not answer {rec.method} /health within {HEALTH_PROMPT:g}s, and its"
+                " last health check failed."
+            ) from None
+        return web.Response(headers={"X-Sidecar-Health": "cached"})
+
+
+def _upstream_headers(request: web.Request, rec: RequestRecord) -> CIMultiDict[str]:
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    return hdrs.upstream_request_headers(
+        request.headers,
+        rid=rec.request_id,
+        client_ip=peer[0] if isinstance(peer, tuple) else None,
+        scheme=request.scheme,
+        host=request.host,
+    )
+
+
+def _payload(request: web.Request, body: bytes | StreamedBody, headers: CIMultiDict[str]) -> object:
+    if isinstance(body, StreamedBody):
+        headers["Content-Length"] = str(body.length)  # a length, not chunked encoding, for vLLM
+        return body.chunks()
+    return body if body or request.method in ("POST", "PUT", "PATCH") else None
+
+
+async def _relay(
+    request: web.Request, rec: RequestRecord, resp: aiohttp.ClientResponse, first: bytes = b""
+) -> web.StreamResponse:
+    """The upstream's answer, relayed the way its kind needs."""
+    app = request.app
+    metrics, discovery = app[METRICS], app[DISCOVERY]
+    if resp.status == 101:  # the sidecar drops Upgrade (hop-by-hop): nobody asked to switch
+        raise UpstreamInvalidResponse(
+            f"The upstream answered 101 Switching Protocols for {rec.method} {rec.path}, which "
+            "asked for no protocol switch."
+        )
+    if resp.status >= 400:
+        limit = app[SETTINGS].error_body_bytes
+        raw, truncated = (
+            (first[:limit], len(first) > limit) if first else await read_capped(resp, limit)
+        )
+        if resp.status == 404 and rec.resolved is not None:
+            # vLLM no longer serves the name we resolved to (restarted under another name,
+            # adapter unloaded): re-read the list now rather than at the next scheduled
+            # discovery, before the envelope suggests names from it.
+            await discovery.refresh_on_miss()
+        return error_reply(rec, resp, raw, truncated, metrics, discovery.table)
+    length = resp.content_length
+    sse = is_event_stream(resp.headers.get("Content-Type"))
+    # Read whole only within the memory budget; past it the answer streams, with backpressure.
+    if not sse and length is not None and length <= BUFFER_LIMIT and app[BUDGET].try_hold(length):
+        return await buffered_reply(rec, resp, first or None)
+    if unframed_json(resp) or chunked_json_read(resp):
+        return await checked_json_reply(rec, resp)
+    return await stream_reply(request, rec, resp, metrics, discovery, app[IN_FLIGHT], first)
