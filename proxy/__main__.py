@@ -6,12 +6,12 @@ from collections.abc import Sequence
 
 from proxy.config.settings import load
 from proxy.observe import logs
-from proxy.pod import cores
+from proxy.pod import cpus
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     settings = load(argv)
-    settings = settings.model_copy(update={"workers": cores.worker_count(settings.workers)})
+    settings = settings.model_copy(update={"workers": cpus.worker_count(settings.workers)})
     shared = settings.workers > 1
     logs.setup(
         settings.log_level, settings.log_format, access_log=settings.access_log, shared=shared

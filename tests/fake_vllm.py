@@ -59,7 +59,8 @@ class FakeVLLM:
     stream_events: int = 3
     stream_delay: float = 0.0
     healthy: bool = True
-    requests: list[Recorded] = field(default_factory=list)
+    requests: list[Recorded] = field(default_factory=list)  # each once its body was read
+    arriving: list[str] = field(default_factory=list)  # each path once its head was read
     cancelled: list[str] = field(default_factory=list)
     scripts: dict[str, list[Handler]] = field(default_factory=dict)
     engine: DevEngine = field(default_factory=lambda: DevEngine())
@@ -68,6 +69,10 @@ class FakeVLLM:
     def script(self, key: str, handler: Handler, times: int = 1) -> None:
         """The next `times` requests to `key` ("POST /v1/completions") go to `handler`."""
         self.scripts.setdefault(key, []).extend([handler] * times)
+
+    def forwarded(self, path: str = "/v1/completions") -> int:
+        """How many requests for `path` (query aside) reached this fake."""
+        return sum(1 for r in self.requests if r.raw_path.split("?")[0] == path)
 
     def last(self, path: str) -> Recorded:
         return next(r for r in reversed(self.requests) if r.raw_path.split("?")[0] == path)
@@ -83,6 +88,7 @@ class FakeVLLM:
         return app
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        self.arriving.append(request.raw_path)
         body = await request.read()
         self.requests.append(
             Recorded(request.method, request.raw_path, CIMultiDict(request.headers), body)

@@ -20,6 +20,13 @@ from tests.support import eventually
 COMPLETION = {"model": "org/tiny-model", "prompt": [[1, 2]]}
 
 
+async def control(sidecar: Sidecar, path: str, **kwargs: Any) -> ClientResponse:
+    """A control-plane POST through the proxy port, its body read."""
+    resp = await sidecar.client.post(path, **kwargs)
+    await resp.read()
+    return resp
+
+
 @dataclass
 class Sidecar:
     client: TestClient[web.Request, web.Application]

@@ -15,9 +15,9 @@ import yaml
 from aiohttp.test_utils import TestServer
 
 from tests.fake_vllm import FakeVLLM, hang, respond, slow, sse_forever
-from tests.sidecar import StartSidecar, admin_of, read_events
+from tests.sidecar import COMPLETION, StartSidecar, admin_of, read_events
+from tests.support import eventually
 
-COMPLETION = {"model": "tiny-model", "prompt": "x"}
 DEPLOYMENT = Path(__file__).parent.parent / "deploy" / "kubernetes" / "deployment.yaml"
 
 
@@ -33,7 +33,7 @@ async def test_keep_alive_connections_take_no_new_request_after_sigterm(
         stream = await session.post(f"{url}/v1/completions", json={**COMPLETION, "stream": True})
         await stream.content.readuntil(b"\n\n")
         busy = asyncio.create_task(session.post(f"{url}/v1/chat/completions", json=COMPLETION))
-        await asyncio.sleep(0.3)
+        await eventually(lambda: fake.forwarded("/v1/chat/completions") == 1, "busy is upstream")
         proc.send_signal(signal.SIGTERM)
         # An idle kept-alive connection is closed at once, not at the end of the grace.
         assert await asyncio.wait_for(idle_reader.read(), 3) == b""
@@ -53,7 +53,7 @@ async def test_request_still_running_at_the_deadline_gets_the_503_envelope(
     fake.script("POST /v1/completions", hang())
     async with aiohttp.ClientSession() as session:
         request = asyncio.create_task(session.post(f"{url}/v1/completions", json=COMPLETION))
-        await asyncio.sleep(0.5)
+        await eventually(lambda: fake.forwarded() == 1, "the request is upstream")
         proc.send_signal(signal.SIGTERM)
         resp = await asyncio.wait_for(request, 10)
         body = await resp.json()
@@ -87,9 +87,12 @@ async def test_pre_stop_drains_through_the_sidecar_before_vllm_stops(
             hook = await asyncio.create_subprocess_exec(
                 *_pre_stop(), env=env, stdout=subprocess.PIPE
             )
-            await asyncio.sleep(0.3)
-            async with session.get(f"{admin_of(proc)}/readyz") as ready:
-                assert ready.status == 503  # the endpoints drop the pod
+
+            async def unready() -> bool:
+                async with session.get(f"{admin_of(proc)}/readyz") as ready:
+                    return ready.status == 503
+
+            await eventually(unready, "the endpoints drop the pod")
             async with session.post(f"{url}/v1/completions", json=COMPLETION) as refused:
                 assert refused.status == 503
             assert hook.returncode is None  # still waiting for the stream

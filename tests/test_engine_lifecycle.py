@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
 
 import aiohttp
 import openai
@@ -14,10 +13,9 @@ from aiohttp.test_utils import TestServer
 
 from proxy.engine.lifecycle import LIFECYCLE
 from tests.fake_vllm import FakeVLLM, hang, raw, respond, sse_chunk, start_sse
-from tests.sidecar import MakeSidecar, Sidecar
+from tests.sidecar import COMPLETION, MakeSidecar, Sidecar, control
 from tests.support import eventually
 
-COMPLETION = {"model": "tiny-model", "prompt": "x"}
 STREAM = {**COMPLETION, "stream": True}
 FAMILY = "vllm_sidecar_phase_requests_total"
 
@@ -29,16 +27,6 @@ def phase_of(sidecar: Sidecar) -> str:
 def gauge(sidecar: Sidecar) -> dict[str, float]:
     names = ("serving", "paused", "sleeping", "weight_sync")
     return {p: sidecar.metric("vllm_sidecar_engine_phase", phase=p) for p in names}
-
-
-def forwarded(fake: FakeVLLM, path: str = "/v1/completions") -> int:
-    return sum(1 for r in fake.requests if r.raw_path == path)
-
-
-async def control(sidecar: Sidecar, path: str, **kwargs: Any) -> aiohttp.ClientResponse:
-    resp = await sidecar.client.post(path, **kwargs)
-    await resp.read()
-    return resp
 
 
 @pytest.fixture
@@ -57,7 +45,7 @@ async def test_a_request_during_a_pause_is_held_and_completes_after_resume(
     assert gauge(lifecycle) == {"serving": 0, "paused": 1, "sleeping": 0, "weight_sync": 0}
     held = asyncio.create_task(lifecycle.client.post("/v1/completions", json=COMPLETION))
     await eventually(lambda: lifecycle.app[LIFECYCLE].held == 1)
-    assert forwarded(fake) == 0  # held by the sidecar, not queued in vLLM
+    assert fake.forwarded() == 0  # held by the sidecar, not queued in vLLM
     assert lifecycle.metric("vllm_sidecar_held_requests") == 1
     assert (await control(lifecycle, "/resume")).status == 200
     resp = await asyncio.wait_for(held, 10)
@@ -84,7 +72,7 @@ async def test_past_the_deadline_a_held_request_gets_the_503_envelope(
     assert (error["reason"], error["code"], error["retryable"]) == ("engine_sleeping", 503, True)
     assert error["source"] == "sidecar"
     assert "--phase-hold-timeout" in error["message"]
-    assert forwarded(fake) == 0
+    assert fake.forwarded() == 0
     labels = {"phase": "sleeping", "route": "/v1/completions"}
     assert sidecar.metric(FAMILY, **labels, outcome="refused") == 1
     failures = {"route": "/v1/completions", "reason": "engine_sleeping", "status": "503"}
@@ -109,7 +97,7 @@ async def test_hold_timeout_zero_refuses_at_once_and_the_queue_is_bounded(
     assert "--phase-hold-queue" in (await resp.json())["error"]["message"]
     await control(bounded, "/resume")
     assert (await asyncio.wait_for(first, 10)).status == 200
-    assert forwarded(fake, "/v1/chat/completions") == 0
+    assert fake.forwarded("/v1/chat/completions") == 0
 
 
 async def test_reads_and_tokenize_pass_a_pause(lifecycle: Sidecar, fake: FakeVLLM) -> None:
@@ -171,7 +159,7 @@ async def test_an_aborted_stream_is_counted_when_the_client_leaves_at_done(
 async def test_an_aborted_completion_is_counted(lifecycle: Sidecar, fake: FakeVLLM) -> None:
     fake.stream_events, fake.stream_delay = 50, 0.02
     request = asyncio.create_task(lifecycle.client.post("/v1/completions", json=COMPLETION))
-    await eventually(lambda: forwarded(fake) == 1)
+    await eventually(lambda: fake.forwarded() == 1)
     await control(lifecycle, "/sleep?level=1&mode=abort")
     resp = await asyncio.wait_for(request, 10)
     assert (await resp.json())["choices"][0]["finish_reason"] == "abort"
@@ -191,7 +179,7 @@ async def test_a_weight_sync_forwards_nothing_and_changes_the_version(
     await control(lifecycle, "/finish_weight_update", json={"weight_version": "step-7"})
     assert phase_of(lifecycle) == "paused"
     assert lifecycle.app[LIFECYCLE].version == "step-7"  # read back before the answer went out
-    assert forwarded(fake) == 0
+    assert fake.forwarded() == 0
     await control(lifecycle, "/resume")
     resp = await asyncio.wait_for(held, 10)
     assert (resp.status, resp.headers["X-Weight-Version"]) == (200, "step-7")
@@ -231,7 +219,7 @@ async def test_an_update_under_traffic_is_counted_and_logged(
 ) -> None:
     fake.stream_events, fake.stream_delay = 20, 0.02
     running = asyncio.create_task(lifecycle.client.post("/v1/completions", json=COMPLETION))
-    await eventually(lambda: forwarded(fake) == 1)
+    await eventually(lambda: fake.forwarded() == 1)
     with caplog.at_level(logging.WARNING, logger="proxy.lifecycle"):
         await control(lifecycle, "/start_weight_update")
     assert lifecycle.metric("vllm_sidecar_weight_update_running_requests_total") == 1
@@ -249,7 +237,7 @@ async def test_a_failed_control_call_reverts_the_phase(
     fake.script("POST /sleep", respond(400, "{}"))
     await control(lifecycle, "/sleep?level=3")
     assert phase_of(lifecycle) == "serving"
-    fake.script("POST /start_weight_update", raw(b""))  # the connection drops: 502
+    fake.script("POST /start_weight_update", raw(b""), times=2)  # the connection drops: 502
     assert (await control(lifecycle, "/start_weight_update")).status == 502
     assert phase_of(lifecycle) == "serving"
     assert gauge(lifecycle)["serving"] == 1
@@ -260,7 +248,7 @@ async def test_a_control_call_whose_caller_left_is_settled_by_vllms_flags(
 ) -> None:
     fake.script("POST /pause", hang())  # vLLM never answers, and never pauses
     call = asyncio.create_task(lifecycle.client.post("/pause"))
-    await eventually(lambda: forwarded(fake, "/pause") == 1)
+    await eventually(lambda: fake.forwarded("/pause") == 1)
     assert phase_of(lifecycle) == "paused"
     with caplog.at_level(logging.WARNING, logger="proxy.lifecycle"):
         call.cancel()
@@ -330,7 +318,7 @@ async def test_control_token_guards_the_control_plane_only(
         assert resp.headers["WWW-Authenticate"].startswith("Bearer")
         error = (await resp.json())["error"]
         assert (error["reason"], error["code"], error["retryable"]) == ("unauthorized", 401, False)
-    assert forwarded(fake, "/pause") == 0
+    assert fake.forwarded("/pause") == 0
     assert phase_of(sidecar) == "serving"
     labels = {"route": "/pause", "source": "sidecar", "reason": "unauthorized", "status": "401"}
     assert sidecar.metric("vllm_sidecar_failures_total", **labels) == 3
@@ -339,7 +327,7 @@ async def test_control_token_guards_the_control_plane_only(
     assert (await sidecar.client.post("/v1/completions", json=COMPLETION)).status == 200
     good = await control(sidecar, "/pause", headers={"Authorization": "Bearer s3cret"})
     assert (good.status, phase_of(sidecar)) == (200, "paused")
-    assert forwarded(fake, "/pause") == 1
+    assert fake.forwarded("/pause") == 1
 
 
 async def test_a_stream_a_phase_stalls_ends_with_the_phases_error_event(
@@ -376,16 +364,16 @@ async def test_a_held_client_that_hangs_up_leaves_the_hold(
     )
     assert lifecycle.metric("vllm_sidecar_held_requests") == 0
     await control(lifecycle, "/resume")
-    assert forwarded(fake) == 0
+    assert fake.forwarded() == 0
 
 
 async def test_a_restarted_vllm_is_not_left_in_a_weight_sync(
     lifecycle: Sidecar, fake: FakeVLLM
 ) -> None:
     await control(lifecycle, "/start_weight_update")
-    probes = forwarded(fake, "/is_paused")
+    probes = fake.forwarded("/is_paused")
     # Probes that reach vLLM cannot end a sync: vLLM has no flag for one.
-    await eventually(lambda: forwarded(fake, "/is_paused") >= probes + 2)
+    await eventually(lambda: fake.forwarded("/is_paused") >= probes + 2)
     assert phase_of(lifecycle) == "weight_sync"
     # vLLM is unreachable for a probe (it restarts), then answers serving again.
     fake.script("GET /is_paused", raw(b""), times=2)
@@ -399,9 +387,9 @@ async def test_without_dev_mode_the_state_routes_are_asked_now_and_then(
     for route in ("GET /is_paused", "GET /is_sleeping", "GET /weight_info"):
         fake.script(route, fake.not_found, times=100)  # vLLM without VLLM_SERVER_DEV_MODE
     sidecar = await make_sidecar(str(upstream.make_url("")), discovery_interval=3600)
-    checks = forwarded(fake, "/health")
-    await eventually(lambda: forwarded(fake, "/health") >= checks + 5)
-    assert forwarded(fake, "/is_paused") == 1
+    checks = fake.forwarded("/health")
+    await eventually(lambda: fake.forwarded("/health") >= checks + 5)
+    assert fake.forwarded("/is_paused") == 1
     assert sidecar.app[LIFECYCLE].version is None
     resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
     assert resp.status == 200
@@ -413,7 +401,7 @@ async def test_an_answer_that_straddles_a_version_change_names_both(
 ) -> None:
     fake.stream_events, fake.stream_delay = 6, 0.05
     request = asyncio.create_task(lifecycle.client.post("/v1/completions", json=COMPLETION))
-    await eventually(lambda: forwarded(fake) == 1)
+    await eventually(lambda: fake.forwarded() == 1)
     await control(lifecycle, "/pause?mode=keep")
     await control(lifecycle, "/update_weight_version", json={"new_version": "v5"})
     await control(lifecycle, "/resume")

@@ -16,30 +16,19 @@ from aiohttp.test_utils import TestServer
 from proxy.engine.lifecycle import LIFECYCLE
 from proxy.upstream.discovery import DISCOVERY
 from tests.fake_vllm import FakeVLLM, dumps, error_body, hang, paused_rejection, raw, reset, respond
-from tests.sidecar import MakeSidecar, Sidecar, assert_envelope, read_events
+from tests.sidecar import COMPLETION, MakeSidecar, Sidecar, assert_envelope, control, read_events
 from tests.support import eventually
 
-COMPLETION = {"model": "tiny-model", "prompt": "x"}
 CHAT = {"model": "tiny-model", "messages": [{"role": "user", "content": "x"}]}
 FAMILY = "vllm_sidecar_phase_requests_total"
 HOLD = "X-Sidecar-Hold-Timeout"
 SLOW_HEALTH = "/health is slow while the engine is busy"
 
 
-def forwarded(fake: FakeVLLM, path: str = "/v1/completions") -> int:
-    return sum(1 for r in fake.requests if r.raw_path == path)
-
-
 def outcome(
     sidecar: Sidecar, what: str, phase: str = "paused", route: str = "/v1/completions"
 ) -> float:
     return sidecar.metric(FAMILY, phase=phase, route=route, outcome=what)
-
-
-async def control(sidecar: Sidecar, path: str, **kwargs: Any) -> aiohttp.ClientResponse:
-    resp = await sidecar.client.post(path, **kwargs)
-    await resp.read()
-    return resp
 
 
 async def complete(sidecar: Sidecar, **kwargs: Any) -> aiohttp.ClientResponse:
@@ -77,7 +66,7 @@ async def test_by_default_a_hold_lasts_as_long_as_the_pause(
     held = await hold(defaults)
     done, _ = await asyncio.wait({held}, timeout=2)  # past any short deadline: still waiting
     assert not done
-    assert (defaults.app[LIFECYCLE].held, forwarded(fake)) == (1, 0)
+    assert (defaults.app[LIFECYCLE].held, fake.forwarded()) == (1, 0)
     await control(defaults, "/resume")
     resp = await asyncio.wait_for(held, 10)
     assert resp.status == 200
@@ -99,7 +88,7 @@ async def test_a_client_asks_for_its_own_hold_deadline(defaults: Sidecar, fake: 
     assert f"{HOLD} is 0" in error["message"]
     assert "Retry-After" in resp.headers
     assert (outcome(defaults, "held"), outcome(defaults, "refused")) == (1, 2)
-    assert forwarded(fake) == 0
+    assert fake.forwarded() == 0
 
 
 @pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf"])
@@ -111,7 +100,7 @@ async def test_a_bad_hold_deadline_is_the_clients_error(
     resp = await complete(defaults, headers={HOLD: value})
     error = await assert_envelope(resp, 400, "invalid_request")
     assert HOLD in error["message"]
-    assert (outcome(defaults, "held"), forwarded(fake)) == (0, 0)
+    assert (outcome(defaults, "held"), fake.forwarded()) == (0, 0)
 
 
 @pytest.mark.parametrize(
@@ -141,7 +130,7 @@ async def test_an_engine_that_dies_ends_the_holds_at_once(
     error = await assert_envelope(await asyncio.wait_for(held, 10), 502, "upstream_unreachable")
     assert "held by the sidecar and not sent to it" in error["message"]
     await assert_envelope(await complete(defaults), 502, "upstream_unreachable")  # not held
-    assert forwarded(fake) == 0
+    assert fake.forwarded() == 0
     async with defaults.admin.get("/engine") as resp:
         engine = await resp.json()
     assert "/is_paused" in engine["engine_down"]
@@ -160,11 +149,11 @@ async def test_a_probe_that_times_out_does_not_end_a_weight_sync(
     held = await hold(defaults)
     fake.script("GET /is_paused", hang(), times=2)  # past the probe's 1 s: vLLM busy, not gone
     await eventually(lambda: fake.cancelled.count("/is_paused") == 2, "two probes timed out")
-    probes = forwarded(fake, "/is_paused")
-    await eventually(lambda: forwarded(fake, "/is_paused") >= probes + 3, "probes answered")
+    probes = fake.forwarded("/is_paused")
+    await eventually(lambda: fake.forwarded("/is_paused") >= probes + 3, "probes answered")
     assert (lifecycle.phase, lifecycle.state.down, lifecycle.held) == ("weight_sync", None, 1)
     assert not held.done()
-    assert forwarded(fake) == 0
+    assert fake.forwarded() == 0
     await control(defaults, "/finish_weight_update", json={"weight_version": "step-1"})
     resp = await asyncio.wait_for(held, 10)
     assert (resp.status, resp.headers["X-Weight-Version"]) == (200, "step-1")
@@ -189,7 +178,7 @@ async def test_a_control_call_cut_off_in_its_body_never_enters_its_phase(
     await eventually(lambda: defaults.metric(in_flight, route=route) == 0, "the call is over")
     assert awaiting == ("serving", 0)
     assert (lifecycle.phase, lifecycle.state.calls) == ("serving", 0)
-    assert forwarded(fake, route) == 0
+    assert fake.forwarded(route) == 0
     assert (await complete(defaults)).status == 200
 
 
@@ -248,7 +237,7 @@ async def test_vllm_033s_paused_rejection_is_held_and_sent_again(
         assert all('"choices"' in e and "error" not in e for e in events[:-1])
     else:
         assert (await resp.json())["choices"][0]["finish_reason"] == "length"
-    assert forwarded(fake, path) == 3
+    assert fake.forwarded(path) == 3
     assert outcome(defaults, "rejected", route=path) == 2
 
 
@@ -284,7 +273,7 @@ async def test_a_rejected_request_waits_as_held_not_as_running(
     events = await read_events(resp)
     assert events[-1] == "data: [DONE]"
     assert all("error" not in e for e in events)
-    assert forwarded(fake) == 4  # three rejections (one after keep-alive comments), then served
+    assert fake.forwarded() == 4  # three rejections (one after keep-alive comments), then served
     assert (lifecycle.held, lifecycle.running) == (0, 0)
 
 
@@ -300,7 +289,7 @@ async def test_an_error_that_is_no_pause_is_relayed_and_not_sent_again(
     resp = await asyncio.wait_for(defaults.client.post("/v1/completions", json=oov), 10)
     events = await read_events(resp)
     assert "out of vocabulary" in events[0]
-    assert forwarded(fake) == 2
+    assert fake.forwarded() == 2
     assert outcome(defaults, "rejected") == 0
 
 

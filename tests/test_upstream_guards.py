@@ -55,7 +55,7 @@ async def test_an_idle_upstream_connection_is_dropped_before_uvicorns_5_s(
 
 
 def models_reads(fake: FakeVLLM) -> int:
-    return sum(1 for r in fake.requests if r.raw_path == "/v1/models")
+    return fake.forwarded("/v1/models")
 
 
 async def test_concurrent_misses_share_one_models_read_and_all_resolve(

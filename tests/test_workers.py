@@ -23,7 +23,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fake_vllm import FakeVLLM, hang
-from tests.support import eventually, free_port, wait_http_ok
+from tests.support import eventually, free_port, refuses_connections, wait_http_ok
 
 COMPLETIONS = ("vllm_sidecar_requests_total", "POST", "/v1/completions", "200")
 
@@ -188,14 +188,14 @@ async def test_traffic_reaches_both_workers_and_metrics_sum_exactly(pod: Pod) ->
 async def test_an_unknown_name_is_looked_up_once_for_the_whole_pod(
     pod: Pod, fake: FakeVLLM
 ) -> None:
-    reads = sum(r.raw_path == "/v1/models" for r in fake.requests)
+    reads = fake.forwarded("/v1/models")
     assert reads == 1  # at start, by the supervisor; the workers read nothing themselves
     fake.served.append(("new-model", "/models/new-model"))
     # Resolvable only through the new root: every worker must learn the refreshed table.
     statuses = [(await complete(pod.url, "/models/new-model")).status for _ in range(10)]
     assert statuses == [200] * 10
     assert [r.json()["model"] for r in fake.requests if r.method == "POST"] == ["new-model"] * 10
-    assert sum(r.raw_path == "/v1/models" for r in fake.requests) == reads + 1
+    assert fake.forwarded("/v1/models") == reads + 1
     async with aiohttp.ClientSession() as session:
         async with session.get(pod.admin + "/models") as resp:
             served = [m["id"] for m in (await resp.json())["served"]]
@@ -207,7 +207,7 @@ async def test_sigterm_drains_every_worker(pod: Pod, fake: FakeVLLM) -> None:
         async with a_stream(pod, fake, session) as resp:
             workers = pod.workers()
             pod.proc.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.3)
+            await eventually(lambda: refuses_connections(pod.url), "no worker listens")
             for _ in range(4):  # whichever worker the kernel would pick: none listens
                 with pytest.raises(aiohttp.ClientConnectorError):
                     await complete(pod.url)
@@ -228,12 +228,7 @@ async def test_a_killed_worker_is_replaced_counted_and_logged(pod: Pod) -> None:
     assert survivor in pod.workers()
     assert await pod.metric("vllm_sidecar_worker_restarts_total") == 1
 
-    for _ in range(200):  # the new worker binds the port a moment after it starts
-        if await pod.metric("vllm_sidecar_workers") == 2:
-            break
-        await asyncio.sleep(0.05)
-    else:
-        raise AssertionError("the new worker never listened")
+    await eventually_metric(pod, "vllm_sidecar_workers", 2)  # it binds a moment after it starts
     statuses = [(await complete(pod.url)).status for _ in range(10)]
     assert statuses == [200] * 10
     assert f"(pid {victim}) exited with SIGKILL" in pod.log.read_text()
@@ -249,10 +244,6 @@ async def test_workers_stop_when_their_supervisor_is_killed(pod: Pod) -> None:
         await complete(pod.url)
 
 
-def forwarded(fake: FakeVLLM) -> int:
-    return sum(r.raw_path == "/v1/completions" for r in fake.requests)
-
-
 async def test_a_pause_through_one_worker_holds_requests_on_every_worker(
     pod: Pod, fake: FakeVLLM
 ) -> None:
@@ -260,11 +251,11 @@ async def test_a_pause_through_one_worker_holds_requests_on_every_worker(
     # Fresh connections, so the kernel spreads them: every worker must hold its share, the
     # one that did not relay the pause too; none reaches vLLM.
     held = await held_on_every_worker(pod, 12)
-    assert forwarded(fake) == 0
+    assert fake.forwarded() == 0
     assert await pod.metric("vllm_sidecar_engine_phase", phase="paused") == 1
     assert (await control(pod, "/resume")).status == 200
     assert [(await task).status for task in held] == [200] * 12
-    assert forwarded(fake) == 12
+    assert fake.forwarded() == 12
     assert await pod.metric("vllm_sidecar_engine_phase", phase="serving") == 1
     assert await pod.metric("vllm_sidecar_held_requests") == 0
 
@@ -275,7 +266,7 @@ async def test_a_weight_update_holds_every_worker_and_one_version_is_stamped(
     await eventually_metric(pod, "vllm_sidecar_weight_version_info", 1, version="default")
     assert (await control(pod, "/start_weight_update")).status == 200
     held = await held_on_every_worker(pod, 12)
-    assert forwarded(fake) == 0  # nothing runs into the update, whichever worker it reached
+    assert fake.forwarded() == 0  # nothing runs into the update, whichever worker it reached
     finish = await control(pod, "/finish_weight_update", json={"weight_version": "v2"})
     assert finish.status == 200
     answers = [await task for task in held]
@@ -308,7 +299,12 @@ async def test_admin_drain_drains_every_worker(pod: Pod, fake: FakeVLLM) -> None
     async with aiohttp.ClientSession() as session:
         async with a_stream(pod, fake, session) as resp:
             drain = asyncio.create_task(session.post(pod.admin + "/drain"))
-            await asyncio.sleep(0.3)
+
+            async def unready() -> bool:
+                async with session.get(pod.admin + "/readyz") as ready:
+                    return ready.status == 503
+
+            await eventually(unready, "the drain began")
             assert not drain.done()  # it answers once the stream has ended
             # Whichever worker the kernel picks: it takes no new request.
             refused = [await complete(pod.url) for _ in range(8)]
@@ -331,11 +327,10 @@ async def admin_text(pod: Pod, path: str) -> str:
 
 
 async def eventually_metric(pod: Pod, name: str, value: float, **labels: str) -> None:
-    for _ in range(200):
-        if await pod.metric(name, **labels) == value:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{name}{labels} never became {value}")
+    async def reached() -> bool:
+        return await pod.metric(name, **labels) == value
+
+    await eventually(reached, f"{name}{labels} becomes {value}")
 
 
 @pytest.mark.parametrize("flag", ["--control-token", "--control-token-file"])

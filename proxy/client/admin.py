@@ -5,13 +5,13 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from proxy.config.settings import SETTINGS
 from proxy.engine.lifecycle import LIFECYCLE
 from proxy.observe.metrics import METRICS
 from proxy.upstream.discovery import DISCOVERY
 
 from .connections import CONNECTIONS
 from .drain import DRAIN, IN_FLIGHT
+from .options import OPTIONS
 
 PROXY = web.AppKey("proxy", web.Application)
 
@@ -42,7 +42,7 @@ async def drain(request: web.Request) -> web.Response:
         left = await workers()
     else:
         proxy[CONNECTIONS].start_draining()
-        left = await proxy[IN_FLIGHT].settle(proxy[SETTINGS].shutdown_grace)
+        left = await proxy[IN_FLIGHT].settle(proxy[OPTIONS].shutdown_grace)
     return web.json_response({"draining": True, "in_flight": left})
 
 

@@ -42,7 +42,7 @@ class _Refused(asyncio.Protocol):
         transport.close()
 
 
-class Watch:
+class Connections:
     """The proxy port's connections: the limit at accept, the timeouts by a periodic sweep."""
 
     def __init__(
@@ -115,20 +115,20 @@ class Watch:
         self.sweep()
 
 
-def middleware(watch: Watch) -> Callable[..., Awaitable[web.StreamResponse]]:
+def middleware(conns: Connections) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Tells each connection's guard when a request starts and ends."""
 
     @web.middleware
     async def track(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        guard = watch.guards.get(request.protocol)
+        guard = conns.guards.get(request.protocol)
         if guard is None:  # a server that is not guarded (aiohttp's test server)
             return await handler(request)
         guard.started(request.content)
         try:
             response = await handler(request)
-            if watch.draining:
+            if conns.draining:
                 response.force_close()  # answered with `Connection: close`
             return response
         finally:
@@ -153,19 +153,19 @@ def connection_cap(wanted: int, fd_limit: int) -> int:
 
 
 async def serve_guarded(
-    watch: Watch, server: Any, host: str, port: int, *, sock: socket.socket | None = None
+    conns: Connections, server: Any, host: str, port: int, *, sock: socket.socket | None = None
 ) -> tuple[asyncio.Server, asyncio.Task[None]]:
     """The proxy listener, each accepted connection guarded, and the sweep that bounds them.
 
     `sock`: a worker's listening socket (`--workers N`), in place of (host, port)."""
     loop = asyncio.get_running_loop()
-    factory = watch.factory(server)
+    factory = conns.factory(server)
     if sock is not None:
         listener = await loop.create_server(factory, sock=sock, backlog=1024)
     else:
         listener = await loop.create_server(factory, host, port, backlog=1024, reuse_address=True)
-    return listener, asyncio.create_task(watch.run())
+    return listener, asyncio.create_task(conns.run())
 
 
 # Its slot on an app (aiohttp's typed key, declared beside what it holds).
-CONNECTIONS = web.AppKey("connections", Watch)
+CONNECTIONS = web.AppKey("connections", Connections)

@@ -15,9 +15,9 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.config.settings import SETTINGS
 from proxy.core import headers as hdrs
 from proxy.core.errors import UpstreamInvalidResponse, UpstreamTimeout
+from proxy.core.routes import rule
 from proxy.core.sse import is_event_stream
 from proxy.engine.gate import held_again, named_version, resendable, upstream_started
 from proxy.observe.metrics import METRICS
@@ -37,6 +37,7 @@ from .budget import BUDGET
 from .drain import IN_FLIGHT
 from .failures import error_reply
 from .inbound import StreamedBody
+from .options import OPTIONS
 from .peek import paused_rejection
 from .relay import (
     BUFFER_LIMIT,
@@ -64,7 +65,7 @@ async def call_upstream(
     if isinstance(body, bytes) and (named := named_version(request, body)) is not None:
         body = named
         headers["Content-Type"] = "application/json"
-    if rec.route == "/health" and request.method in ("GET", "HEAD"):
+    if rule(rec.route).own_health and request.method in ("GET", "HEAD"):
         return await _health(request, rec, headers)
     # A data-plane request vLLM 0.33 rejected as paused did not run: it is held and sent again.
     again = resendable(request) and (isinstance(body, bytes) or body.rest is None)
@@ -194,7 +195,7 @@ async def _relay(
             "asked for no protocol switch."
         )
     if resp.status >= 400:
-        limit = app[SETTINGS].error_body_bytes
+        limit = app[OPTIONS].error_body_bytes
         raw, truncated = (
             (first[:limit], len(first) > limit) if first else await read_capped(resp, limit)
         )

@@ -6,10 +6,9 @@ import asyncio
 
 from aiohttp import web
 
-from proxy.config.settings import SETTINGS
 from proxy.core import headers as hdrs
 from proxy.core.errors import InvalidRequest, ShuttingDown, SidecarFailure
-from proxy.engine.gate import passage
+from proxy.engine.gate import admission
 from proxy.observe.metrics import METRICS
 from proxy.observe.record import CLIENT_CLOSED, RequestRecord
 from proxy.upstream.discovery import DISCOVERY
@@ -18,6 +17,7 @@ from .drain import IN_FLIGHT
 from .exchange import call_upstream, origin_form
 from .failures import failure_response, unexpected
 from .inbound import read_request
+from .options import OPTIONS
 
 
 async def handle(request: web.Request) -> web.StreamResponse:
@@ -57,8 +57,8 @@ async def _respond(request: web.Request, rec: RequestRecord) -> web.StreamRespon
         if app[IN_FLIGHT].draining:
             raise ShuttingDown(_REFUSED)
         _check_target(request)
-        limit = app[SETTINGS].max_body_bytes
-        lifecycle = passage(request, rec)  # engine lifecycle: the token, a hold deadline
+        limit = app[OPTIONS].max_body_bytes
+        lifecycle = admission(request, rec)  # engine lifecycle: the token, a hold deadline
         body = await read_request(request, rec, discovery, metrics, limit)
         async with lifecycle:  # a data request's hold; the phase a control call enters
             return await call_upstream(request, rec, body)

@@ -31,7 +31,7 @@ class Limits:
 
 
 class Keeper(Protocol):
-    """What keeps the guards (connections.Watch): its clock, and the set of open connections."""
+    """What keeps the guards (connections.Connections): its clock and the open connections."""
 
     def now(self) -> float: ...
 

@@ -11,6 +11,7 @@ from aiohttp import web
 from proxy.core.envelope import ModelInfo
 from proxy.core.errors import ShuttingDown, SidecarFailure, UpstreamInvalidResponse
 from proxy.core.headers import drop, response_headers
+from proxy.core.routes import rule
 from proxy.core.sse import ErrorWatcher, EventFramer, is_event_stream
 from proxy.engine.gate import stream_aborted, version_change
 from proxy.observe.metrics import Metrics
@@ -28,9 +29,6 @@ BUFFER_LIMIT = 16 * 1024 * 1024
 # A generation answered 200 with no choice at all is never vLLM's (it answers n >= 1 choices or
 # an error); relayed, SkyRL's clients index it and die with an IndexError far from the cause.
 # JSON escapes every quote inside a string, so these bytes can only be the key and its value.
-_GENERATIONS = frozenset(
-    ("/v1/completions", "/v1/chat/completions", "/inference/v1/generate", "/skyrl/v1/generate")
-)
 _CHOICES_KEY = b'"choices":'
 
 
@@ -47,7 +45,7 @@ async def buffered_reply(
     rec: RequestRecord, resp: aiohttp.ClientResponse, body: bytes | None = None
 ) -> web.Response:
     body = await resp.read() if body is None else body
-    if resp.status == 200 and rec.route in _GENERATIONS and _no_choices(body):
+    if resp.status == 200 and rule(rec.route).choices and _no_choices(body):
         raise UpstreamInvalidResponse(
             f"The upstream answered 200 for {rec.method} {rec.path} with an empty `choices` "
             "list: a generation has at least one choice."

@@ -7,15 +7,10 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+from .routes import PAUSE, RESUME, SLEEP, SYNC_END, SYNC_START, WAKE_UP, rule
+
 SERVING, PAUSED, SLEEPING, WEIGHT_SYNC = "serving", "paused", "sleeping", "weight_sync"
 PHASES = (SERVING, PAUSED, SLEEPING, WEIGHT_SYNC)
-
-SYNC_START = frozenset(("/start_weight_update", "/start_draft_weight_update"))
-_SYNC_END = frozenset(("/finish_weight_update",))
-# Calls that change the phase; every other control call (LoRA, caches, collective_rpc) leaves it.
-TRANSITIONS = frozenset(("/pause", "/resume", "/sleep", "/wake_up")) | SYNC_START | _SYNC_END
-# Calls after whose answer the weight version is read again.
-VERSIONING = _SYNC_END | {"/update_weight_version"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,16 +30,17 @@ class Engine:
 
 
 def on_send(engine: Engine, path: str) -> Engine:
-    """The phase a control call enters as soon as it is sent.
+    """The phase a control call enters as soon as it is sent (its step: routes.py's row).
 
     vLLM aborts running requests before it answers /pause or /sleep, so the aborted streams end
     while the call is still open: they must already count as the pause's.
     """
-    if path == "/pause" and engine.base != SLEEPING:
+    step = rule(path).step
+    if step == PAUSE and engine.base != SLEEPING:
         return replace(engine, base=PAUSED)
-    if path == "/sleep":
+    if step == SLEEP:
         return replace(engine, base=SLEEPING)
-    if path in SYNC_START:
+    if step == SYNC_START:
         return replace(engine, syncing=True)
     return engine
 
@@ -55,11 +51,12 @@ def on_answer(engine: Engine, path: str, *, fully_awake: bool = True) -> Engine:
     Leaving a phase waits for the answer: a held request released on /resume's send could reach
     vLLM before it resumed. `fully_awake` is false after a /wake_up that woke only some tags.
     """
-    if path == "/resume" and engine.base == PAUSED:
+    step = rule(path).step
+    if step == RESUME and engine.base == PAUSED:
         return replace(engine, base=SERVING)
-    if path == "/wake_up" and fully_awake:
+    if step == WAKE_UP and fully_awake:
         return replace(engine, base=SERVING)
-    if path in _SYNC_END:
+    if step == SYNC_END:
         return replace(engine, syncing=False)
     return engine
 

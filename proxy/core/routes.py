@@ -1,89 +1,114 @@
-"""The routes the sidecar knows by name, each with its engine plane: add a release's routes here.
+"""The routes the sidecar knows by name, each with its rules: add a release's routes here.
 
-`ROUTES` is the one place to teach the sidecar a vLLM or SkyRL release's new routes: one line
-each, `"/path": PLANE`, and tests/unit/test_routes.py checks every entry. A route in the table is
-its own metric label (`route_label`); any other path is counted as `other`, so a client cannot
-mint label values. The plane is what the engine lifecycle (control.py, gate.py) does with it:
+`ROUTES` is the one place to teach the sidecar a vLLM or SkyRL release's new routes: one row
+each, and tests/unit/test_routes.py checks every row. A route in the table is its own metric
+label (`route_label`); any other path is counted as `other`, so a client cannot mint label
+values. A row's `plane` is what the engine lifecycle (control.py, gate.py) does with it:
 
 - `CONTROL`: steers the engine (any method); needs the control token and may change the phase;
 - `DATA`: a POST runs on the engine; held while it does not serve, and stamped with the weight
   version;
 - `OTHER`: reads, health, tokenizing: passed on untouched.
+
+The rest of a row says what else is special about the route: the phase step a control call takes
+(phase.py says what each step does to the phase), whether the weight version is read again after
+its answer, whether its 200 must hold a choice, and whether it is vLLM's health.
 """
 
 from __future__ import annotations
 
-CONTROL, DATA, OTHER = "control", "data", "other"
+from dataclasses import dataclass
 
-ROUTES: dict[str, str] = {
+CONTROL, DATA, OTHER = "control", "data", "other"
+# The phase steps of control calls (phase.py: `on_send`, `on_answer`).
+PAUSE, RESUME, SLEEP, WAKE_UP = "pause", "resume", "sleep", "wake_up"
+SYNC_START, SYNC_END = "sync_start", "sync_end"
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    plane: str
+    # The phase step a control call takes; None leaves the phase (LoRA, caches, collective_rpc).
+    step: str | None = None
+    # The weight version is read again from vLLM after the call's answer.
+    versions: bool = False
+    # A generation: a 200 with no choice at all is never vLLM's (relay.py refuses one).
+    choices: bool = False
+    # vLLM's health: a GET also tells whether vLLM answers in time (exchange.py).
+    own_health: bool = False
+
+
+_CONTROL, _DATA, _OTHER = Route(CONTROL), Route(DATA), Route(OTHER)
+
+ROUTES: dict[str, Route] = {
     # vLLM 0.32: the server's own routes.
-    "/health": OTHER,
-    "/ping": OTHER,
-    "/load": OTHER,
-    "/version": OTHER,
-    "/metrics": OTHER,
-    "/tokenize": OTHER,
-    "/detokenize": OTHER,
-    "/server_info": OTHER,
-    "/invocations": DATA,
+    "/health": Route(OTHER, own_health=True),
+    "/ping": _OTHER,
+    "/load": _OTHER,
+    "/version": _OTHER,
+    "/metrics": _OTHER,
+    "/tokenize": _OTHER,
+    "/detokenize": _OTHER,
+    "/server_info": _OTHER,
+    "/invocations": _DATA,
     # vLLM 0.32: the OpenAI-compatible API and its relatives.
-    "/v1/models": OTHER,
-    "/v1/completions": DATA,
-    "/v1/chat/completions": DATA,
-    "/v1/chat/completions/batch": DATA,
-    "/v1/messages": DATA,
-    "/v1/messages/count_tokens": OTHER,
-    "/v1/responses": DATA,
-    "/v1/embeddings": DATA,
-    "/v1/score": DATA,
-    "/v1/rerank": DATA,
-    "/pooling": DATA,
-    "/score": DATA,
-    "/rerank": DATA,
-    "/classify": DATA,
-    "/generative_scoring": DATA,
-    "/v1/audio/transcriptions": DATA,
-    "/v1/audio/translations": DATA,
-    "/v1/load_lora_adapter": CONTROL,
-    "/v1/unload_lora_adapter": CONTROL,
+    "/v1/models": _OTHER,
+    "/v1/completions": Route(DATA, choices=True),
+    "/v1/chat/completions": Route(DATA, choices=True),
+    "/v1/chat/completions/batch": _DATA,
+    "/v1/messages": _DATA,
+    "/v1/messages/count_tokens": _OTHER,
+    "/v1/responses": _DATA,
+    "/v1/embeddings": _DATA,
+    "/v1/score": _DATA,
+    "/v1/rerank": _DATA,
+    "/pooling": _DATA,
+    "/score": _DATA,
+    "/rerank": _DATA,
+    "/classify": _DATA,
+    "/generative_scoring": _DATA,
+    "/v1/audio/transcriptions": _DATA,
+    "/v1/audio/translations": _DATA,
+    "/v1/load_lora_adapter": _CONTROL,
+    "/v1/unload_lora_adapter": _CONTROL,
     # vLLM 0.32: dev mode and RL (sleep, pause, weight transfer, elastic EP).
-    "/sleep": CONTROL,
-    "/wake_up": CONTROL,
-    "/is_sleeping": OTHER,
-    "/pause": CONTROL,
-    "/resume": CONTROL,
-    "/is_paused": OTHER,
-    "/reset_prefix_cache": CONTROL,
-    "/reset_mm_cache": CONTROL,
-    "/reset_encoder_cache": CONTROL,
-    "/collective_rpc": CONTROL,
-    "/abort_requests": CONTROL,
-    "/release_kv_cache_memory": CONTROL,
-    "/init_weight_transfer_engine": CONTROL,
-    "/shutdown_weight_transfer_engine": CONTROL,
-    "/start_weight_update": CONTROL,
-    "/start_draft_weight_update": CONTROL,
-    "/update_weights": CONTROL,
-    "/finish_weight_update": CONTROL,
-    "/update_weight_version": CONTROL,
-    "/weight_info": OTHER,
-    "/weight_checker": CONTROL,
-    "/fetch_weights": CONTROL,
-    "/kv_event_sources": OTHER,
-    "/is_scaling_elastic_ep": OTHER,
-    "/scale_elastic_ep": CONTROL,
+    "/sleep": Route(CONTROL, step=SLEEP),
+    "/wake_up": Route(CONTROL, step=WAKE_UP),
+    "/is_sleeping": _OTHER,
+    "/pause": Route(CONTROL, step=PAUSE),
+    "/resume": Route(CONTROL, step=RESUME),
+    "/is_paused": _OTHER,
+    "/reset_prefix_cache": _CONTROL,
+    "/reset_mm_cache": _CONTROL,
+    "/reset_encoder_cache": _CONTROL,
+    "/collective_rpc": _CONTROL,
+    "/abort_requests": _CONTROL,
+    "/release_kv_cache_memory": _CONTROL,
+    "/init_weight_transfer_engine": _CONTROL,
+    "/shutdown_weight_transfer_engine": _CONTROL,
+    "/start_weight_update": Route(CONTROL, step=SYNC_START),
+    "/start_draft_weight_update": Route(CONTROL, step=SYNC_START),
+    "/update_weights": _CONTROL,
+    "/finish_weight_update": Route(CONTROL, step=SYNC_END, versions=True),
+    "/update_weight_version": Route(CONTROL, versions=True),
+    "/weight_info": _OTHER,
+    "/weight_checker": _CONTROL,
+    "/fetch_weights": _CONTROL,
+    "/kv_event_sources": _OTHER,
+    "/is_scaling_elastic_ep": _OTHER,
+    "/scale_elastic_ep": _CONTROL,
     # SkyRL's own: its weight sync and world size.
-    "/get_world_size": OTHER,
-    "/init_weight_update_communicator": CONTROL,
-    "/update_weights_skyrl": CONTROL,
-    "/destroy_weights_update_group": CONTROL,
+    "/get_world_size": _OTHER,
+    "/init_weight_update_communicator": _CONTROL,
+    "/update_weights_skyrl": _CONTROL,
+    "/destroy_weights_update_group": _CONTROL,
     # vLLM's scale-out routes (`--enable-scale-out`) and SkyRL 0.4's RemoteInferenceClient.
-    "/inference/v1/generate": DATA,
-    "/v1/chat/completions/render": OTHER,
-    "/v1/completions/render": OTHER,
-    "/skyrl/v1/generate": DATA,
-    "/skyrl/v1/load_lora_adapter": CONTROL,
-    "/finish_session": OTHER,
+    "/inference/v1/generate": Route(DATA, choices=True),
+    "/v1/chat/completions/render": _OTHER,
+    "/v1/completions/render": _OTHER,
+    "/skyrl/v1/generate": Route(DATA, choices=True),
+    "/skyrl/v1/load_lora_adapter": _CONTROL,
+    "/finish_session": _OTHER,
 }
 
 _RESPONSES = "/v1/responses/"  # /v1/responses/{id} and /v1/responses/{id}/cancel
@@ -99,9 +124,14 @@ def route_label(path: str) -> str:
     return OTHER
 
 
+def rule(path: str) -> Route:
+    """The row of a raw path; `/pause/` is /pause (Starlette redirects the slash)."""
+    return ROUTES.get(normalized(path), _OTHER)
+
+
 def plane_of(path: str) -> str:
-    """`control`, `data` or `other`; `/pause/` is /pause (Starlette redirects the slash)."""
-    return ROUTES.get(normalized(path), OTHER)
+    """`control`, `data` or `other`."""
+    return rule(path).plane
 
 
 def normalized(path: str) -> str:

@@ -13,7 +13,7 @@ from aiohttp import web
 from proxy.core.control import plane
 from proxy.core.errors import InvalidRequest, PhaseRefusal, Unauthorized
 from proxy.core.phase import SERVING, next_version
-from proxy.core.routes import CONTROL, DATA, normalized
+from proxy.core.routes import CONTROL, DATA, SYNC_END, normalized, rule
 from proxy.core.sse import is_event_stream
 from proxy.observe.record import RequestRecord
 
@@ -28,7 +28,7 @@ HOLD_TIMEOUT = "X-Sidecar-Hold-Timeout"
 
 
 @dataclass(slots=True, eq=False)
-class Passage:
+class Admission:
     """One request's dealings with the lifecycle, read again when its answer goes out."""
 
     plane: str
@@ -44,13 +44,13 @@ class Passage:
         return None if self.until is None else max(self.until - time.monotonic(), 0.0)
 
 
-PASSAGE = web.RequestKey("passage", Passage)
+ADMISSION = web.RequestKey("admission", Admission)
 
 
 _UNTOUCHED = contextlib.nullcontext()  # reads, health, tokenize: the lifecycle has no say
 
 
-def passage(
+def admission(
     request: web.Request, rec: RequestRecord
 ) -> contextlib.AbstractAsyncContextManager[None]:
     """What the lifecycle does around a request's upstream call, judged before its body is
@@ -61,17 +61,17 @@ def passage(
     if kind is None:
         return _UNTOUCHED
     lifecycle = request.app[LIFECYCLE]
-    mark = request[PASSAGE] = Passage(kind, rec.route, lifecycle.version)
+    admission = request[ADMISSION] = Admission(kind, rec.route, lifecycle.version)
     if kind == CONTROL:
         try:
             lifecycle.authorize(request.headers.get("Authorization"))
         except Unauthorized:
-            mark.unauthorized = True
+            admission.unauthorized = True
             raise
         return lifecycle.control_call(normalized(request.path), rec, request.query_string)
     if (seconds := _asked_deadline(request)) is not None:
-        mark.until = time.monotonic() + seconds
-    return _Data(rec, lifecycle, mark)
+        admission.until = time.monotonic() + seconds
+    return _DataHold(rec, lifecycle, admission)
 
 
 def _asked_deadline(request: web.Request) -> float | None:
@@ -94,8 +94,8 @@ def named_version(request: web.Request, body: bytes) -> bytes | None:
     body that names the next one (`default` -> `default+1` -> `default+2`), so that vLLM's own
     version, its per-token spans and every answer's X-Weight-Version tell the updates apart.
     None when the body is left as it is: it names one, or is not a JSON object."""
-    mark = request.get(PASSAGE)
-    if mark is None or normalized(request.path) != "/finish_weight_update":
+    admission = request.get(ADMISSION)
+    if admission is None or rule(request.path).step != SYNC_END:
         return None
     current = request.app[LIFECYCLE].version
     try:
@@ -104,99 +104,99 @@ def named_version(request: web.Request, body: bytes) -> bytes | None:
         return None
     if current is None or not isinstance(payload, dict) or payload.get("weight_version"):
         return None
-    mark.named = payload["weight_version"] = next_version(current)
+    admission.named = payload["weight_version"] = next_version(current)
     return orjson.dumps(payload)
 
 
-class _Data:
+class _DataHold:
     """A data-plane request: held while the engine does not serve, then counted as running.
     A class, not a generator: it is on every completion's path."""
 
-    __slots__ = ("lifecycle", "mark", "rec")
+    __slots__ = ("admission", "lifecycle", "rec")
 
-    def __init__(self, rec: RequestRecord, lifecycle: Lifecycle, mark: Passage) -> None:
-        self.rec, self.lifecycle, self.mark = rec, lifecycle, mark
+    def __init__(self, rec: RequestRecord, lifecycle: Lifecycle, admission: Admission) -> None:
+        self.rec, self.lifecycle, self.admission = rec, lifecycle, admission
 
     async def __aenter__(self) -> None:
         try:
-            await self.lifecycle.admit(self.rec, self.mark.left())
+            await self.lifecycle.admit(self.rec, self.admission.left())
         except PhaseRefusal as refusal:
-            self.mark.retry_after = refusal.retry_after
+            self.admission.retry_after = refusal.retry_after
             raise
-        self.mark.version = self.lifecycle.version
+        self.admission.version = self.lifecycle.version
         self.lifecycle.running += 1
 
     async def __aexit__(self, *exc_info: object) -> None:
         self.lifecycle.running -= 1
-        self.lifecycle.stalls.discard(self.mark)
+        self.lifecycle.stalls.discard(self.admission)
 
 
 def resendable(request: web.Request) -> bool:
     """A data-plane request: one vLLM rejects as paused (0.33) is sent again."""
-    mark = request.get(PASSAGE)
-    return mark is not None and mark.plane == DATA
+    admission = request.get(ADMISSION)
+    return admission is not None and admission.plane == DATA
 
 
 async def held_again(request: web.Request, rec: RequestRecord, attempt: int) -> None:
     """vLLM rejected the request as paused: wait for the pause to end (the sidecar's phase,
     or vLLM's flags, or a short backoff when it was made around the sidecar), then pass the
     hold again. A deadline the client asked for counts from its first hold."""
-    mark = request[PASSAGE]
+    admission = request[ADMISSION]
     lifecycle = request.app[LIFECYCLE]
     lifecycle.running -= 1  # held again, not running: an update may start meanwhile
     try:
-        await lifecycle.after_rejection(rec, attempt, mark.left())
+        await lifecycle.after_rejection(rec, attempt, admission.left())
     except PhaseRefusal as refusal:
-        mark.retry_after = refusal.retry_after
+        admission.retry_after = refusal.retry_after
         raise
     finally:
         lifecycle.running += 1
-    mark.version = lifecycle.version
+    admission.version = lifecycle.version
 
 
 def upstream_started(request: web.Request, resp: aiohttp.ClientResponse) -> None:
     """vLLM answered: with a pod-wide hold deadline, a data-plane stream is watched for a phase
     stalling it (see stalls.py); without one, a frozen stream stays open as with vLLM alone."""
-    mark = request.get(PASSAGE)
-    if mark is None or mark.plane != DATA:
+    admission = request.get(ADMISSION)
+    if admission is None or admission.plane != DATA:
         return
     lifecycle = request.app[LIFECYCLE]
     if lifecycle.hold_timeout is not None and is_event_stream(resp.headers.get("Content-Type")):
-        lifecycle.stalls.add(mark, mark.route, resp)
+        lifecycle.stalls.add(admission, admission.route, resp)
 
 
 async def stamp(request: web.Request, response: web.StreamResponse) -> None:
     """on_response_prepare: the headers a phase or the weight version adds to an answer."""
-    mark = request.get(PASSAGE)
-    if mark is None:
+    admission = request.get(ADMISSION)
+    if admission is None:
         return
     headers = response.headers
-    if mark.retry_after is not None:
-        headers["Retry-After"] = str(mark.retry_after)  # RFC 9110 section 10.2.3
-    if mark.unauthorized:
+    if admission.retry_after is not None:
+        headers["Retry-After"] = str(admission.retry_after)  # RFC 9110 section 10.2.3
+    if admission.unauthorized:
         headers["WWW-Authenticate"] = 'Bearer realm="vllm-sidecar control plane"'
-    if mark.named is not None and response.status < 300:  # an update finished with it
-        headers[WEIGHT_VERSION] = mark.named
-    if mark.plane != DATA or mark.version is None:
+    if admission.named is not None and response.status < 300:  # an update finished with it
+        headers[WEIGHT_VERSION] = admission.named
+    if admission.plane != DATA or admission.version is None:
         return
     lifecycle = request.app[LIFECYCLE]
-    headers[WEIGHT_VERSION] = mark.version
-    if lifecycle.version not in (None, mark.version):
+    headers[WEIGHT_VERSION] = admission.version
+    if lifecycle.version not in (None, admission.version):
         headers[WEIGHT_VERSION_END] = str(lifecycle.version)
     body = response.body if isinstance(response, web.Response) else None
     # Only outside serving: no body is searched in steady state.
     if lifecycle.phase != SERVING and isinstance(body, bytes) and _ABORT in body:
-        lifecycle.count_abort(mark.route)
+        lifecycle.count_abort(admission.route)
 
 
 def stream_aborted(request: web.Request) -> None:
     """Count a data-plane stream vLLM aborted (`finish_reason: "abort"`, seen by the SSE
     watcher) outside serving; called however the stream ended, also when the client left
     right after vLLM's `[DONE]`."""
-    mark = request.get(PASSAGE)
+    admission = request.get(ADMISSION)
     lifecycle = request.app[LIFECYCLE]
-    if mark is not None and mark.plane == DATA and lifecycle.phase != SERVING:
-        lifecycle.count_abort(mark.route)
+    if admission is not None and admission.plane == DATA and lifecycle.phase != SERVING:
+        lifecycle.count_abort(admission.route)
 
 
 def version_change(request: web.Request) -> bytes:
@@ -204,11 +204,11 @@ def version_change(request: web.Request) -> bytes:
     version changed while it ran (a `keep` pause around a weight update), a named event after
     vLLM's `[DONE]`. SSE clients that listen for `weight_version` read it; the openai SDK stops
     at `[DONE]` and never sees it."""
-    mark = request.get(PASSAGE)
-    if mark is None or mark.plane != DATA:
+    admission = request.get(ADMISSION)
+    if admission is None or admission.plane != DATA:
         return b""
     lifecycle = request.app[LIFECYCLE]
-    if mark.version is None or lifecycle.version in (None, mark.version):
+    if admission.version is None or lifecycle.version in (None, admission.version):
         return b""
-    change = {"weight_version": lifecycle.version, "previous": mark.version}
+    change = {"weight_version": lifecycle.version, "previous": admission.version}
     return b"event: weight_version\ndata: " + orjson.dumps(change) + b"\n\n"

@@ -22,6 +22,7 @@ from aiohttp import web
 from proxy.core import control, phase
 from proxy.core.errors import Unauthorized
 from proxy.core.phase import SERVING
+from proxy.core.routes import SYNC_START, rule
 from proxy.observe.engine_metrics import EngineMetrics
 from proxy.observe.record import RequestRecord
 from proxy.upstream.engine_probe import Probe
@@ -177,7 +178,7 @@ class Lifecycle:
         """While the engine does not serve, end the streams that stay silent for the deadline."""
         quiet = max(self.hold_timeout or 0.0, MIN_QUIET)
         while True:
-            before = self.stalls.quiet_since()
+            before = self.stalls.received()
             await asyncio.sleep(quiet)
             for route, resp in self.stalls.stalled(before):
                 why = f"it received nothing for {quiet:g}s (--phase-hold-timeout)"
@@ -197,7 +198,8 @@ class Lifecycle:
     @contextlib.asynccontextmanager
     async def control_call(self, path: str, rec: RequestRecord, query: str) -> AsyncIterator[None]:
         """Enter the call's phase when it is sent; settle it on the answer, revert on failure."""
-        if path not in phase.TRANSITIONS and path not in phase.VERSIONING:
+        route = rule(path)
+        if route.step is None and not route.versions:
             yield
             return
         self._warn_unpaused(path)
@@ -222,7 +224,7 @@ class Lifecycle:
     def _warn_unpaused(self, path: str) -> None:
         """Requests running into an update outside any pause or sleep: that crashed vLLM."""
         unpaused = self.state.engine.base == SERVING and self.running
-        if path in phase.SYNC_START and unpaused:
+        if rule(path).step == SYNC_START and unpaused:
             self.metrics.unpaused_sync.inc(self.running)
             log.warning(
                 "%s with %d requests running: pause the engine before updating weights "

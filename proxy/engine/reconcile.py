@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 import aiohttp
 from yarl import URL
 
-from proxy.config.settings import Settings
 from proxy.core.phase import reconciled
 from proxy.upstream.engine_probe import Probe, ProbeFailed
+from proxy.upstream.options import UpstreamOptions
 
 from .lifecycle import Lifecycle
 from .state import EngineState
@@ -66,7 +66,7 @@ async def _loop(lifecycle: Lifecycle, probe: Probe, interval: float, idle: float
 
 @contextlib.asynccontextmanager
 async def reconciling(
-    lifecycle: Lifecycle, session: aiohttp.ClientSession, base: URL, settings: Settings
+    lifecycle: Lifecycle, session: aiohttp.ClientSession, base: URL, settings: UpstreamOptions
 ) -> AsyncIterator[None]:
     """Probe vLLM every --health-interval (every --discovery-interval while it has no dev-mode
     routes) for as long as the context is open."""

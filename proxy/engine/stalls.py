@@ -33,7 +33,7 @@ class Stalls:
     def discard(self, key: object) -> None:
         self.streams.pop(key, None)
 
-    def quiet_since(self) -> dict[object, int]:
+    def received(self) -> dict[object, int]:
         """Bytes each stream has received so far."""
         return {key: resp.content.total_bytes for key, (_, resp) in self.streams.items()}
 

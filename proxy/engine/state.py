@@ -23,6 +23,7 @@ from proxy.core.errors import (
     WeightSync,
 )
 from proxy.core.phase import Engine
+from proxy.core.routes import SYNC_END, rule
 from proxy.observe.engine_metrics import EngineMetrics
 
 log = logging.getLogger("proxy.lifecycle")  # its name before the layers: kept for filters
@@ -184,7 +185,7 @@ class EngineState:
         self.open.pop(call, None)
         self.set_version(version)
         self.set(phase.on_answer(self.engine, path, fully_awake=awake), f"{path} answered")
-        if path == "/finish_weight_update":
+        if rule(path).step == SYNC_END:
             self.updates += 1
             self.metrics.weight_updates.inc()
 

@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Protocol
 
-from proxy.core.phase import VERSIONING
+from proxy.core.routes import WAKE_UP, rule
 from proxy.upstream.engine_probe import Probe, ProbeFailed
 
 from .state import Call, EngineState
@@ -45,12 +45,12 @@ class LocalSteps:
         self.state.failed(call, path)
 
     async def answered(self, call: Call, path: str, query: str) -> None:
-        awake, version, probe = True, None, self._probe()
-        if path == "/wake_up" and "tags=" in query and probe is not None:
+        awake, version, probe, route = True, None, self._probe(), rule(path)
+        if route.step == WAKE_UP and "tags=" in query and probe is not None:
             # Waking only some tags (weights, then kv_cache) leaves the engine asleep.
             with contextlib.suppress(ProbeFailed):
                 awake = await probe.sleeping() is False
-        if path in VERSIONING and probe is not None:
+        if route.versions and probe is not None:
             with contextlib.suppress(ProbeFailed):
                 version = await probe.weight_version()
         self.state.answered(call, path, awake=awake, version=version)

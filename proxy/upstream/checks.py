@@ -16,14 +16,13 @@ from proxy.core.resolution import parse_models_list
 from .session import UPSTREAM_ERRORS, target
 
 if TYPE_CHECKING:
-    from proxy.config.settings import Settings
-
     from .discovery import Discovery
+    from .options import UpstreamOptions
 
 log = logging.getLogger("proxy.discovery")  # its name before the layers: kept for filters
 
 
-def read_bound(settings: Settings) -> float:
+def read_bound(settings: UpstreamOptions) -> float:
     """The bound on each /health or /v1/models read."""
     return max(settings.connect_timeout, 5.0)
 

@@ -14,11 +14,11 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from proxy.config.settings import Settings
 from proxy.core.resolution import ModelTable, ServedModel
 from proxy.observe.metrics import Metrics
 
 from .checks import UpstreamChecks, read_bound
+from .options import UpstreamOptions
 
 __all__ = ["DISCOVERY", "Discovery", "Source", "read_bound"]
 
@@ -44,7 +44,7 @@ class Discovery:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: UpstreamOptions,
         metrics: Metrics,
         base: URL,
         *,

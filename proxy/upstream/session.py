@@ -13,7 +13,6 @@ from aiohttp import web
 from aiohttp.client_proto import ResponseHandler
 from yarl import URL
 
-from proxy.config.settings import Settings
 from proxy.core.errors import (
     SidecarFailure,
     UpstreamDisconnected,
@@ -22,6 +21,8 @@ from proxy.core.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+
+from .options import UpstreamOptions
 
 log = logging.getLogger("proxy.upstream")  # its name before the layers: kept for filters
 
@@ -70,7 +71,7 @@ class _Connector(aiohttp.TCPConnector):
         self._factory = functools.partial(_AnsweredOnce, loop=self._loop)  # type: ignore[assignment]
 
 
-def make_session(settings: Settings) -> aiohttp.ClientSession:
+def make_session(settings: UpstreamOptions) -> aiohttp.ClientSession:
     """A session tuned for LLM traffic; each default below breaks it when left alone."""
     connector = _Connector(
         limit=settings.max_connections,  # 0: SkyRL sends 512 concurrent requests per engine

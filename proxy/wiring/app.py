@@ -15,6 +15,7 @@ from proxy.client.connections import CONNECTIONS
 from proxy.client.drain import IN_FLIGHT, InFlight
 from proxy.client.forward import handle
 from proxy.client.guard import Limits
+from proxy.client.options import OPTIONS
 from proxy.config.settings import SETTINGS, Settings
 from proxy.core.phase import SERVING
 from proxy.engine.gate import stamp
@@ -60,16 +61,16 @@ def create_app(
     # A body up to the limit must reach the handler, which answers 413 with an envelope itself.
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[_every_target])
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
-    app[SETTINGS] = settings
+    app[SETTINGS] = app[OPTIONS] = settings
     app[METRICS] = metrics
     app[UPSTREAM] = URL(settings.upstream_url)
     app[DISCOVERY] = discovery(settings, metrics, app[UPSTREAM])
     app[BUDGET] = budget = Budget(settings.buffer_budget_bytes, metrics)
     app[IN_FLIGHT] = in_flight = InFlight()
-    app[CONNECTIONS] = watch = connections.Watch(
+    app[CONNECTIONS] = conns = connections.Connections(
         _limits(settings), metrics, in_flight, on_quiet=budget.trim
     )
-    app.middlewares.append(connections.middleware(watch))
+    app.middlewares.append(connections.middleware(conns))
     app[LIFECYCLE] = engine = lifecycle(
         metrics.engine,
         hold_timeout=settings.phase_hold_timeout,

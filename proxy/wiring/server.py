@@ -40,8 +40,8 @@ async def serve(
     siblings'; the admin port is then the supervisor's."""
     stop = _stopped_by_signals(stop or asyncio.Event())
     proxy = proxy if proxy is not None else create_app(settings)
-    watch = proxy[CONNECTIONS]
-    watch.limits = _capped(watch.limits)
+    conns = proxy[CONNECTIONS]
+    conns.limits = _capped(conns.limits)
     runner = _proxy_runner(proxy, settings)
     admin = web.AppRunner(create_admin_app(proxy), access_log=None, handle_signals=False)
     await runner.setup()
@@ -49,7 +49,7 @@ async def serve(
     listener, sweep = None, None
     try:
         listener, sweep = await connections.serve_guarded(
-            watch, runner.server, settings.host, settings.port, sock=listen
+            conns, runner.server, settings.host, settings.port, sock=listen
         )
         if listen is None:
             await web.TCPSite(admin, _admin_host(settings), settings.admin_port).start()
@@ -57,7 +57,7 @@ async def serve(
         await flushing_logs_until(stop)
         log.info("stopping: draining in-flight requests for up to %gs", settings.shutdown_grace)
         listener.close()  # refuse new connections; readiness reports draining
-        watch.start_draining()
+        conns.start_draining()
         await proxy[IN_FLIGHT].drain(settings.shutdown_grace)
     finally:
         if sweep is not None:

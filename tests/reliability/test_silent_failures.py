@@ -58,7 +58,9 @@ async def test_unexpected_exception_gets_an_internal_error_envelope(
 
 
 @pytest.fixture
-async def uncancelled(upstream: TestServer) -> AsyncIterator[tuple[int, CollectorRegistry]]:
+async def uncancelled(
+    upstream: TestServer,
+) -> AsyncIterator[tuple[int, CollectorRegistry, web.AppRunner]]:
     """The sidecar on aiohttp's default runner (`web.run_app`), which does not cancel a handler
     whose client left: the reset is then seen by the writes to the client."""
     registry = CollectorRegistry()
@@ -68,15 +70,15 @@ async def uncancelled(upstream: TestServer) -> AsyncIterator[tuple[int, Collecto
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
-        yield port, registry
+        yield port, registry, runner
     finally:
         await runner.cleanup()
 
 
 async def test_client_reset_while_writing_is_a_disconnect_not_an_upstream_failure(
-    uncancelled: tuple[int, CollectorRegistry], fake: FakeVLLM
+    uncancelled: tuple[int, CollectorRegistry, web.AppRunner], fake: FakeVLLM
 ) -> None:
-    port, registry = uncancelled
+    port, registry, runner = uncancelled
     gone = asyncio.Event()
 
     async def stream_ends_after_the_client_left(request: web.Request) -> web.StreamResponse:
@@ -95,7 +97,12 @@ async def test_client_reset_while_writing_is_a_disconnect_not_an_upstream_failur
     sock = writer.get_extra_info("socket")
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()  # RST
-    await asyncio.sleep(0.1)
+    assert runner.server is not None
+    server = runner.server
+    # The connection is lost to the sidecar (its handler, not cancelled, goes on).
+    await eventually(
+        lambda: all(h.transport is None for h in server.connections), "the sidecar saw the reset"
+    )
     gone.set()  # the upstream ends the stream: the sidecar's last write meets the reset
 
     def metric(name: str, **labels: str) -> float:
@@ -113,11 +120,11 @@ async def test_client_reset_while_writing_is_a_disconnect_not_an_upstream_failur
 
 
 async def test_client_reset_during_a_streamed_upload_is_a_disconnect(
-    uncancelled: tuple[int, CollectorRegistry],
+    uncancelled: tuple[int, CollectorRegistry, web.AppRunner], fake: FakeVLLM
 ) -> None:
     """A large body streams through to vLLM as it arrives; the client resets half way: the
     upstream request fails, but the client is to blame (it was counted an upstream 502)."""
-    port, registry = uncancelled
+    port, registry, _ = uncancelled
     _, writer = await asyncio.open_connection("127.0.0.1", port)
     head = b'{"model":"tiny-model","prompt":[' + b"1," * 40_000
     writer.write(
@@ -125,7 +132,8 @@ async def test_client_reset_during_a_streamed_upload_is_a_disconnect(
         b"Content-Length: %d\r\n\r\n%s" % (len(head) + (3 << 20), head + b"1," * 100_000)
     )
     await writer.drain()
-    await asyncio.sleep(0.3)  # the head is on its way upstream, the rest never comes
+    # The head is upstream, the rest never comes.
+    await eventually(lambda: "/v1/completions" in fake.arriving, "the head is upstream")
     sock = writer.get_extra_info("socket")
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
@@ -196,7 +204,8 @@ async def test_model_list_reads_are_single_flight(
     for wave in range(2):
         replies = await asyncio.gather(*misses[wave * 10 : wave * 10 + 10])
         assert [r.status for r in replies] == [404] * 10
-        await asyncio.sleep(0.1)
+        done = reads
+        await eventually(lambda: reads > done, "the discovery loop reads again")  # noqa: B023
     assert reads >= 2  # the misses and the loop did read
     assert peak == 1  # but never two at once: one answer cannot overtake another
     assert reads < 20

@@ -29,7 +29,7 @@ class PushyUpstream:
     """
 
     def __init__(self) -> None:
-        self.connections = 0
+        self.connections = self.closed = 0
         self.server: asyncio.Server | None = None
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -48,7 +48,11 @@ class PushyUpstream:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
+            self.closed += 1  # after the unsolicited answer, only the sidecar closes
             writer.close()
+
+    def all_closed(self) -> bool:
+        return self.connections > 0 and self.closed == self.connections
 
     @property
     def url(self) -> str:
@@ -70,14 +74,16 @@ async def test_unsolicited_bytes_on_an_idle_connection_never_reach_a_client(
     sidecar = await make_sidecar(
         pushy.url, ready=False, served_model_names=["tiny-model"], health_interval=3600
     )
-    await asyncio.sleep(0.2)  # the first health check's connection is idle, and pushed to
+    # The first health check's connection, idle and pushed to, is closed by the sidecar.
+    await eventually(pushy.all_closed, "the sidecar closes a connection pushed to")
     for i in range(4):
         resp = await sidecar.client.post(
             "/v1/completions", json=COMPLETION, headers={"X-Request-Id": f"client-{i}"}
         )
         assert resp.status == 200, await resp.text()
         assert await resp.json() == {"request_id": f"client-{i}"}
-        await asyncio.sleep(0.2)  # the unsolicited answer lands on the idle pooled connection
+        # The unsolicited answer lands on the idle pooled connection, which is closed.
+        await eventually(pushy.all_closed, "the sidecar closes a connection pushed to")
     # Each connection that received bytes while idle was closed, never handed out again.
     assert pushy.connections >= 4
 
@@ -116,7 +122,8 @@ async def test_stalled_body_does_not_hold_the_pool(
     head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
     writer.write(head + b"Content-Length: %d\r\n\r\n" % len(body) + body[: MiB + 100])
     await writer.drain()
-    await asyncio.sleep(0.2)  # its head is on its way upstream, holding the one connection
+    # Its head is upstream, holding the one connection.
+    await eventually(lambda: "/v1/completions" in fake.arriving, "the head is upstream")
     async with aiohttp.ClientSession() as session:
         resp = await asyncio.wait_for(session.get(f"{url}/v1/models"), 10)
         assert resp.status == 200, await resp.text()

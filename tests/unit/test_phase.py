@@ -75,11 +75,3 @@ def test_retry_after_is_what_is_typically_left_of_the_phase() -> None:
     for seconds in (1.0, 1.0, 1.0):
         durations.record(PAUSED, seconds)
     assert durations.retry_after(PAUSED, 0.2) == 1  # only the last `keep` count
-
-
-def test_the_calls_that_change_the_phase_or_the_version_are_control_routes() -> None:
-    from proxy.core.phase import SYNC_START, TRANSITIONS, VERSIONING
-    from proxy.core.routes import CONTROL, ROUTES
-
-    assert SYNC_START <= TRANSITIONS
-    assert all(ROUTES[path] == CONTROL for path in TRANSITIONS | VERSIONING)

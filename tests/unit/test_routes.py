@@ -5,16 +5,49 @@ from __future__ import annotations
 import pytest
 
 from proxy.core.control import plane
-from proxy.core.routes import CONTROL, DATA, OTHER, ROUTES, plane_of, route_label
+from proxy.core.routes import CONTROL, DATA, OTHER, ROUTES, plane_of, route_label, rule
 
 
 @pytest.mark.parametrize("route", sorted(ROUTES))
 def test_every_route_is_its_own_label_with_a_plane(route: str) -> None:
     assert route.startswith("/")
     assert route == route.rstrip("/")  # the table holds normalized paths: `/pause/` is /pause
-    assert ROUTES[route] in (CONTROL, DATA, OTHER)
+    row = ROUTES[route]
+    assert row.plane in (CONTROL, DATA, OTHER)
     assert route_label(route) == route
-    assert plane_of(route) == plane_of(route + "/") == ROUTES[route]
+    assert rule(route) == rule(route + "/") == row
+    assert plane_of(route) == row.plane
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_only_control_calls_steer_the_engine_and_only_data_routes_generate(route: str) -> None:
+    row = ROUTES[route]
+    if row.step is not None or row.versions:
+        assert row.plane == CONTROL
+    if row.choices:
+        assert row.plane == DATA
+
+
+def test_the_rules_of_the_routes_the_lifecycle_knows() -> None:
+    steps = {path: row.step for path, row in ROUTES.items() if row.step}
+    assert steps == {
+        "/pause": "pause",
+        "/resume": "resume",
+        "/sleep": "sleep",
+        "/wake_up": "wake_up",
+        "/start_weight_update": "sync_start",
+        "/start_draft_weight_update": "sync_start",
+        "/finish_weight_update": "sync_end",
+    }
+    assert {p for p, row in ROUTES.items() if row.versions} == {
+        "/finish_weight_update",
+        "/update_weight_version",
+    }
+    assert [p for p, row in ROUTES.items() if row.own_health] == ["/health"]
+    assert rule("/pause/").step == "pause"
+    assert rule("/nope") == rule("/v1/models/x") == rule("other")
+    assert rule("/nope").plane == OTHER
+    assert rule("/nope").step is None
 
 
 @pytest.mark.parametrize(

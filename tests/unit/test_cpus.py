@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.pod.cores import available_cpus, quota_cpus, worker_count
+from proxy.pod.cpus import available_cpus, quota_cpus, worker_count
 
 
 @pytest.mark.parametrize(

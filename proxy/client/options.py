@@ -1,0 +1,18 @@
+"""What the client side reads of the command line: the wiring stores the `Settings` here."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from aiohttp import web
+
+
+class ClientOptions(Protocol):
+    """The flags a request's path reads (config/settings.py)."""
+
+    max_body_bytes: int
+    error_body_bytes: int
+    shutdown_grace: float
+
+
+OPTIONS = web.AppKey[ClientOptions]("options")
