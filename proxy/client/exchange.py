@@ -1,8 +1,9 @@
 """One request's exchange with vLLM: sent (again, where it provably did not run), relayed back.
 
-Sent again, never twice run: a request vLLM 0.33 rejected as paused (client/peek.py), and one
-whose connection a healthy vLLM accepted too late (nothing was sent). /health is answered
-within a bound whatever vLLM is busy with.
+Sent again, never twice run: a request vLLM 0.33 rejected as paused (client/peek.py), one whose
+connection a healthy vLLM accepted too late (nothing was sent), and one that went out on a
+kept-alive connection vLLM was closing as idle (it was never read). /health is answered within
+a bound whatever vLLM is busy with.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
@@ -28,6 +30,7 @@ from proxy.upstream.session import (
     UPSTREAM,
     UPSTREAM_ERRORS,
     classify,
+    closed_while_idle,
     never_connected,
     read_capped,
     target,
@@ -68,11 +71,13 @@ async def call_upstream(
     if rule(rec.route).own_health and request.method in ("GET", "HEAD"):
         return await _health(request, rec, headers)
     # A data-plane request vLLM 0.33 rejected as paused did not run: it is held and sent again.
-    again = resendable(request) and (isinstance(body, bytes) or body.rest is None)
-    attempt = connects = 0
+    replayable = isinstance(body, bytes) or body.rest is None
+    again = resendable(request) and replayable
+    attempt = connects = stale = 0
     while True:
         try:
-            return await _send(request, rec, body, headers, again, connects < RECONNECTS)
+            resend = _Resend(connects < RECONNECTS, replayable and stale < RESENDS_ON_IDLE_CLOSE)
+            return await _send(request, rec, body, headers, again, resend)
         except _Rejected:
             await held_again(request, rec, attempt)
             attempt += 1
@@ -83,12 +88,31 @@ async def call_upstream(
                 rec.method,
                 rec.path,
             )
+        except _ClosedIdle:
+            stale += 1
+            log.info(
+                "%s %s: vLLM closed the kept-alive connection it went out on, as idle; sent "
+                "again on a new one (it was not read)",
+                rec.method,
+                rec.path,
+            )
 
 
 # A connect to a vLLM its last health check found up that timed out is tried again this many
 # times: nothing was sent, and a busy vLLM on a loaded machine may accept late (a client
 # talking to it directly would have waited). Past them, or for an upstream seen down, a 504.
 RECONNECTS = 2
+# A request that met vLLM closing its kept-alive connection is sent again on a new one this many
+# times (a new connection is not idle: a second such close is something else).
+RESENDS_ON_IDLE_CLOSE = 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Resend:
+    """What `_send` may hand back to be sent again instead of failing the request."""
+
+    unconnected: bool = False  # a connect to a healthy vLLM that timed out
+    closed_idle: bool = False  # a kept-alive connection vLLM closed as the request went out
 
 
 class _Rejected(Exception):
@@ -99,19 +123,24 @@ class _Unconnected(Exception):
     """The connect to vLLM timed out: nothing was sent."""
 
 
+class _ClosedIdle(Exception):
+    """vLLM closed the kept-alive connection as the request went out on it: it was not read."""
+
+
 async def _send(
     request: web.Request,
     rec: RequestRecord,
     body: bytes | StreamedBody,
     headers: CIMultiDict[str],
     again: bool,
-    reconnect: bool = False,
+    resend: _Resend = _Resend(),
 ) -> web.StreamResponse:
     """One upstream call and its relayed answer; with `again`, `_Rejected` when vLLM rejected
-    it as paused; with `reconnect`, `_Unconnected` when a healthy vLLM accepted no connection
-    in time."""
+    it as paused; what `resend` allows, `_Unconnected` or `_ClosedIdle`, when the request was
+    not sent or not read."""
     app = request.app
     sent = time.perf_counter()
+    answered = False
     try:
         async with app[SESSION].request(
             request.method,
@@ -120,6 +149,7 @@ async def _send(
             headers=headers,
             allow_redirects=False,
         ) as resp:
+            answered = True
             app[METRICS].ttfb.labels(rec.route).observe(time.perf_counter() - sent)
             upstream_started(request, resp)  # engine lifecycle: a stream a phase may stall
             first = b""
@@ -137,8 +167,10 @@ async def _send(
             # not to blame, and nobody is left to answer.
             rec.client_left(app[METRICS])
             return web.Response()
-        if reconnect and never_connected(exc) and app[DISCOVERY].healthy:
+        if resend.unconnected and never_connected(exc) and app[DISCOVERY].healthy:
             raise _Unconnected from exc
+        if resend.closed_idle and not answered and closed_while_idle(exc):
+            raise _ClosedIdle from exc
         raise classify(exc, where=f"for {rec.method} {rec.path}") from exc
 
 

@@ -42,9 +42,12 @@ class _AnsweredOnce(ResponseHandler):
         super().__init__(loop)
         self._waiting = False
         self._answer: Any = None  # the payload of the final response, once its head is parsed
+        self._sent = 0  # requests sent on this connection
 
     def set_response_params(self, **params: Any) -> None:
         self._waiting, self._answer = True, None
+        _REUSED.set(self._sent > 0)  # aiohttp calls this in the request's task, before sending
+        self._sent += 1
         super().set_response_params(**params)
 
     def feed_data(self, data: Any, size: int = 0) -> None:
@@ -105,6 +108,11 @@ def make_session(settings: UpstreamOptions) -> aiohttp.ClientSession:
         cookie_jar=aiohttp.DummyCookieJar(),
         trust_env=False,
     )
+
+
+# Whether the current request went out on a kept-alive connection that carried one before: set
+# by the connection itself when the request is sent.
+_REUSED: ContextVar[bool] = ContextVar("sent_on_a_reused_connection", default=False)
 
 
 # Whether the current request is waiting for a pooled connection: set and cleared by aiohttp's
@@ -178,6 +186,19 @@ def classify(exc: BaseException, *, where: str) -> SidecarFailure:
 def never_connected(exc: BaseException) -> bool:
     """A connect to the upstream that timed out (not a wait for the pool): nothing was sent."""
     return isinstance(exc, aiohttp.ConnectionTimeoutError) and not _QUEUED.get()
+
+
+def closed_while_idle(exc: BaseException) -> bool:
+    """The upstream closed a kept-alive connection just as a request went out on it, before a
+    byte of an answer: uvicorn closes one idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s), and its
+    close can cross the next request on the wire. Such a request was never read; browsers send
+    it again on a new connection, whatever its method (aiohttp does so only for idempotent ones).
+    A connection of its own closed unanswered is another matter (vLLM died on it): not this."""
+    if isinstance(exc, aiohttp.ClientConnectorError):  # a new connection that failed
+        return False
+    return (
+        isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError) and _REUSED.get()
+    )
 
 
 # What `classify` understands: raised while sending to or reading from the upstream.

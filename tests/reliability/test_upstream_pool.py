@@ -88,6 +88,97 @@ async def test_unsolicited_bytes_on_an_idle_connection_never_reach_a_client(
     assert pushy.connections >= 4
 
 
+class IdleClosingUpstream:
+    """A raw HTTP/1.1 server that answers `answers` POSTs per connection, then closes it as the
+    next one arrives, unanswered: as a client sees uvicorn's close of an idle kept-alive
+    connection crossing its next request on the wire. GETs (the health checks) are answered
+    and closed, so that only the POSTs reuse connections."""
+
+    def __init__(self, answers: int) -> None:
+        self.answers = answers
+        self.answered: list[str] = []
+        self.unanswered: list[str] = []
+        self.server: asyncio.Server | None = None
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        served = 0
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                fields = dict(
+                    line.split(b": ", 1) for line in head.split(b"\r\n")[1:] if b": " in line
+                )
+                await reader.readexactly(int(fields.get(b"Content-Length", b"0")))
+                rid = fields.get(b"X-Request-Id", b"none").decode()
+                if not head.startswith(b"POST"):
+                    writer.write(
+                        _answer(b"{}").replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1)
+                    )
+                    await writer.drain()
+                    return
+                if served == self.answers:
+                    self.unanswered.append(rid)
+                    return
+                served += 1
+                self.answered.append(rid)
+                writer.write(_answer(json.dumps({"request_id": rid}).encode()))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+
+async def idle_closing(answers: int) -> IdleClosingUpstream:
+    upstream = IdleClosingUpstream(answers)
+    upstream.server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
+    return upstream
+
+
+async def test_a_request_that_meets_vllm_closing_an_idle_connection_is_sent_again(
+    make_sidecar: MakeSidecar,
+) -> None:
+    """vLLM closes a connection idle for 5 s; a request that goes out on it that moment was
+    never read: it is sent again on a new connection, whatever its method, not failed."""
+    upstream = await idle_closing(answers=1)
+    async with upstream.server:  # type: ignore[union-attr]
+        sidecar = await make_sidecar(
+            upstream.url, ready=False, served_model_names=["tiny-model"], health_interval=3600
+        )
+        ids = [f"client-{i}" for i in range(4)]
+        for rid in ids:  # one after the other: each after the first reuses a connection
+            resp = await sidecar.client.post(
+                "/v1/completions", json=COMPLETION, headers={"X-Request-Id": rid}
+            )
+            assert resp.status == 200, await resp.text()
+            assert await resp.json() == {"request_id": rid}
+        resp = await sidecar.client.post("/pause", headers={"X-Request-Id": "pause"})
+        assert resp.status == 200, await resp.text()
+    assert upstream.unanswered == [*ids[1:], "pause"]  # each met a closing connection once
+    assert upstream.answered == [*ids, "pause"]  # and was answered on a new one
+
+
+async def test_a_connection_of_its_own_closed_unanswered_is_not_sent_again(
+    make_sidecar: MakeSidecar,
+) -> None:
+    """A new connection vLLM closes without an answer is vLLM failing on the request: it
+    may have run, so the client gets the 502, and vLLM saw the request once."""
+    upstream = await idle_closing(answers=0)
+    async with upstream.server:  # type: ignore[union-attr]
+        sidecar = await make_sidecar(
+            upstream.url, ready=False, served_model_names=["tiny-model"], health_interval=3600
+        )
+        resp = await sidecar.client.post(
+            "/v1/completions", json=COMPLETION, headers={"X-Request-Id": "once"}
+        )
+        await assert_envelope(resp, 502, "upstream_disconnected")
+    assert upstream.unanswered == ["once"]
+
+
 async def test_wait_for_a_pooled_connection_is_bounded(
     upstream: TestServer, fake: FakeVLLM, make_sidecar: MakeSidecar
 ) -> None:
