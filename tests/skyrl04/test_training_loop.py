@@ -16,6 +16,7 @@ and the answers must tell the weight versions apart even where the trainer names
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import time
@@ -127,18 +128,31 @@ async def generated(
             loop.failed.append(f"{len(ids)} tokens, stop reason {reason}")
 
 
-async def straddling(http: aiohttp.ClientSession, router: str, model: str) -> list[str]:
+async def straddling(
+    http: aiohttp.ClientSession, router: str, model: str, running: asyncio.Event
+) -> list[str]:
     """A long generation that the pause and update find running: vLLM's versions of its
-    tokens, in order (its own per-token spans on /inference/v1/generate)."""
+    tokens, in order (its own per-token spans, on /inference/v1/generate's last chunk).
+    Streamed, so that `running` is set once its first tokens are out: the pause waits for
+    that, since on a busy CPU a request can still be queued seconds after it was sent."""
     body = {
         "model": model,
         "token_ids": [5, 6, 7],
         "sampling_params": {"max_tokens": STRADDLE_TOKENS, "ignore_eos": True},
+        "stream": True,
     }
+    spans: list[dict[str, Any]] = []
     async with http.post(f"{router}{GENERATE}", json=body) as resp:
         assert resp.status == 200, await resp.text()
-        answer = await resp.json()
-    return [span["version"] for span in answer["choices"][0]["weight_versions"]]
+        async for line in resp.content:
+            data = line.removeprefix(b"data: ").strip()
+            if not data or data == b"[DONE]":
+                continue
+            choice = json.loads(data)["choices"][0]
+            running.set()
+            spans = choice.get("weight_versions") or spans
+    assert spans, "the last chunk named no weight versions"
+    return [span["version"] for span in spans]
 
 
 async def weight_version(http: aiohttp.ClientSession, engine: VllmServer) -> str:
@@ -162,15 +176,17 @@ async def training_loop(
     loop = Loop()
     try:
         for step in range(1, STEPS + 1):
+            straddle_running = asyncio.Event()
             long = asyncio.gather(
                 generated(client, loop, prompts(step, 4, f"{tag}-long"), LONG_TOKENS),
-                straddling(http, router, model),
+                straddling(http, router, model, straddle_running),
             )
             short = asyncio.ensure_future(
                 generated(client, loop, prompts(step, 4, f"{tag}-short"), 8)
             )
-            # A moment into the batch: on a busy CPU the short ones may still wait their turn.
-            await asyncio.wait([short], timeout=2.0)
+            # The pause comes once the straddling generation is under way (the short ones may
+            # still wait their turn, and meet it).
+            await asyncio.wait_for(straddle_running.wait(), timeout=120.0)
             await client.pause(mode="keep")
             # Not vLLM's metrics: its API server answers them in tens of seconds while it runs.
             assert not long.done(), "the long generations ended before the pause"
