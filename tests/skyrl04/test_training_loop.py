@@ -145,8 +145,9 @@ async def straddling(
     async with http.post(f"{router}{GENERATE}", json=body) as resp:
         assert resp.status == 200, await resp.text()
         async for line in resp.content:
-            data = line.removeprefix(b"data: ").strip()
-            if not data or data == b"[DONE]":
+            # vLLM's own events; the sidecar's `event: weight_version` (the version changed
+            # mid-stream, docs/lifecycle.md) is not one.
+            if not line.startswith(b"data: ") or (data := line[6:].strip()) == b"[DONE]":
                 continue
             choice = json.loads(data)["choices"][0]
             running.set()
