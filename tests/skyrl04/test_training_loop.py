@@ -144,10 +144,18 @@ async def straddling(
     spans: list[dict[str, Any]] = []
     async with http.post(f"{router}{GENERATE}", json=body) as resp:
         assert resp.status == 200, await resp.text()
+        event: list[bytes] = []
         async for line in resp.content:
-            # vLLM's own events; the sidecar's `event: weight_version` (the version changed
-            # mid-stream, docs/lifecycle.md) is not one.
-            if not line.startswith(b"data: ") or (data := line[6:].strip()) == b"[DONE]":
+            if line.strip():
+                event.append(line.strip())
+                continue
+            # vLLM's events; the sidecar's own (`event: weight_version`: the version changed
+            # mid-stream, docs/lifecycle.md) are not.
+            fields, event = event, []
+            if any(f.startswith(b"event:") for f in fields):
+                continue
+            data = b"".join(f[5:].strip() for f in fields if f.startswith(b"data:"))
+            if not data or data == b"[DONE]":
                 continue
             choice = json.loads(data)["choices"][0]
             running.set()
