@@ -288,11 +288,13 @@ async def test_a_training_loop_never_notices_the_sidecars(
     expected = [next_version(first), "side-step-2", next_version("side-step-2")]
     # SkyRL names no version: through the sidecars each update still gets its own...
     assert through.versions == expected
-    # ...and a generation that the update found running says which tokens came before it.
-    assert [spans[-2:] for spans in through.spans] == [
-        [first, expected[0]],
-        [expected[0], expected[1]],
-        [expected[1], expected[2]],
-    ]
+    # ...and a generation that the update found running says which tokens came before it. (On
+    # two shared cores vLLM's API server can relay a stream's first tokens seconds after its
+    # engine made them, so a straddling generation may have been made whole before the pause
+    # landed: each step's is one version or the two in order, and one step at least has both.)
+    befores = [first, *expected[:-1]]
+    for versions, before, after in zip(through.spans, befores, expected, strict=True):
+        assert versions in ([before], [after], [before, after]), (versions, before, after)
+    assert any(len(v) == 2 for v in through.spans), through.spans
     # Without the sidecars vLLM's version does not move when the trainer names none.
     assert baseline.versions[0] == start
