@@ -18,6 +18,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy.core import headers as hdrs
+from proxy.core.continuation import PART_PATH, Plan
 from proxy.core.errors import UpstreamInvalidResponse, UpstreamTimeout
 from proxy.core.routes import rule
 from proxy.core.sse import is_event_stream
@@ -36,7 +37,9 @@ from proxy.upstream.session import (
     target,
 )
 
+from . import continuation
 from .budget import BUDGET
+from .continuation import Relay
 from .drain import IN_FLIGHT
 from .failures import error_reply
 from .inbound import StreamedBody
@@ -70,6 +73,43 @@ async def call_upstream(
         headers["Content-Type"] = "application/json"
     if rule(rec.route).own_health and request.method in ("GET", "HEAD"):
         return await _health(request, rec, headers)
+    if (plan := continuation.wanted(request, rec, body)) is not None:
+        return await _continuing(request, rec, plan, headers)
+    return await _exchange(request, rec, body, headers)
+
+
+async def _continuing(
+    request: web.Request, rec: RequestRecord, plan: Plan, headers: CIMultiDict[str]
+) -> web.StreamResponse:
+    """A continuable request (client/continuation.py): its parts go through the same exchange,
+    each with a request id of its own (vLLM refuses a duplicate while parts run at once)."""
+
+    async def send(body: bytes, part: str, relay: Relay) -> web.StreamResponse:
+        own = CIMultiDict(headers)
+        own[hdrs.REQUEST_ID] = f"{rec.request_id}-{part}"
+        return await _exchange(request, rec, body, own, relay, PART_PATH.get(plan.kind))
+
+    continuing = continuation.Continuing(request, rec, plan, send)
+
+    async def first(
+        request: web.Request, rec: RequestRecord, resp: aiohttp.ClientResponse, head: bytes
+    ) -> web.StreamResponse:
+        answer = await continuing.relay(request, rec, resp, head)
+        return answer if answer is not None else await _relay(request, rec, resp, head)
+
+    return await _exchange(request, rec, continuing.first_body(), headers, first)
+
+
+async def _exchange(
+    request: web.Request,
+    rec: RequestRecord,
+    body: bytes | StreamedBody,
+    headers: CIMultiDict[str],
+    relay: Relay | None = None,
+    path: str | None = None,
+) -> web.StreamResponse:
+    """Send and relay (`relay`, or `_relay`), sending again where the request did not run;
+    `path`: where to, when not the request's own."""
     # A data-plane request vLLM 0.33 rejected as paused did not run: it is held and sent again.
     replayable = isinstance(body, bytes) or body.rest is None
     again = resendable(request) and replayable
@@ -77,7 +117,7 @@ async def call_upstream(
     while True:
         try:
             resend = _Resend(connects < RECONNECTS, replayable and stale < RESENDS_ON_IDLE_CLOSE)
-            return await _send(request, rec, body, headers, again, resend)
+            return await _send(request, rec, body, headers, again, resend, relay, path)
         except _Rejected:
             await held_again(request, rec, attempt)
             attempt += 1
@@ -134,6 +174,8 @@ async def _send(
     headers: CIMultiDict[str],
     again: bool,
     resend: _Resend = _Resend(),
+    relay: Relay | None = None,
+    path: str | None = None,
 ) -> web.StreamResponse:
     """One upstream call and its relayed answer; with `again`, `_Rejected` when vLLM rejected
     it as paused; what `resend` allows, `_Unconnected` or `_ClosedIdle`, when the request was
@@ -144,7 +186,7 @@ async def _send(
     try:
         async with app[SESSION].request(
             request.method,
-            target(app[UPSTREAM], origin_form(request)),
+            target(app[UPSTREAM], path or origin_form(request)),
             data=_payload(request, body, headers),
             headers=headers,
             allow_redirects=False,
@@ -158,7 +200,7 @@ async def _send(
                 if rejected:
                     raise _Rejected
             try:
-                return await _relay(request, rec, resp, first)
+                return await (relay or _relay)(request, rec, resp, first)
             finally:
                 rec.upstream_time = time.perf_counter() - sent
     except UPSTREAM_ERRORS as exc:

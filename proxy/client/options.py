@@ -13,6 +13,8 @@ class ClientOptions(Protocol):
     max_body_bytes: int
     error_body_bytes: int
     shutdown_grace: float
+    continue_aborted: bool
+    continue_max: int
 
 
 OPTIONS = web.AppKey[ClientOptions]("options")

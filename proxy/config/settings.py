@@ -105,6 +105,14 @@ class Settings(BaseSettings):
     phase_long_after: float = Field(
         600.0, gt=0, description="a pause or weight sync lasting longer is logged and alerted on"
     )
+    continue_aborted: bool = Field(
+        False,
+        description="finish a generation an abort-mode pause or sleep cut short, from its exact"
+        " tokens, once the engine serves (X-Sidecar-Continue: on|off per request)",
+    )
+    continue_max: int = Field(
+        4, ge=0, description="most times one choice is continued after a cut (then relayed cut)"
+    )
     control_token: SecretStr | None = Field(
         None, description="bearer token every control-plane call (pause, sleep, weights) needs"
     )

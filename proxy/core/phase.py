@@ -6,6 +6,7 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field, replace
+from urllib.parse import parse_qs
 
 from .routes import PAUSE, RESUME, SLEEP, SYNC_END, SYNC_START, WAKE_UP, rule
 
@@ -59,6 +60,15 @@ def on_answer(engine: Engine, path: str, *, fully_awake: bool = True) -> Engine:
     if step == SYNC_END:
         return replace(engine, syncing=False)
     return engine
+
+
+def cuts_running(path: str, query: str) -> bool:
+    """A pause or sleep in abort mode (vLLM's default for both): vLLM ends every running
+    request with `finish_reason: "abort"` before it answers; `keep` and `wait` end none."""
+    if rule(path).step not in (PAUSE, SLEEP):
+        return False
+    modes = parse_qs(query).get("mode") or ["abort"]
+    return modes[-1] == "abort"
 
 
 def next_version(current: str) -> str:

@@ -36,6 +36,8 @@ class Route:
     choices: bool = False
     # vLLM's health: a GET also tells whether vLLM answers in time (exchange.py).
     own_health: bool = False
+    # A generation a phase cut short can be continued: how its body says it (continuation.py).
+    continues: str | None = None
 
 
 _CONTROL, _DATA, _OTHER = Route(CONTROL), Route(DATA), Route(OTHER)
@@ -53,8 +55,8 @@ ROUTES: dict[str, Route] = {
     "/invocations": _DATA,
     # vLLM 0.32: the OpenAI-compatible API and its relatives.
     "/v1/models": _OTHER,
-    "/v1/completions": Route(DATA, choices=True),
-    "/v1/chat/completions": Route(DATA, choices=True),
+    "/v1/completions": Route(DATA, choices=True, continues="completions"),
+    "/v1/chat/completions": Route(DATA, choices=True, continues="chat"),
     "/v1/chat/completions/batch": _DATA,
     "/v1/messages": _DATA,
     "/v1/messages/count_tokens": _OTHER,
@@ -103,7 +105,7 @@ ROUTES: dict[str, Route] = {
     "/update_weights_skyrl": _CONTROL,
     "/destroy_weights_update_group": _CONTROL,
     # vLLM's scale-out routes (`--enable-scale-out`) and SkyRL 0.4's RemoteInferenceClient.
-    "/inference/v1/generate": Route(DATA, choices=True),
+    "/inference/v1/generate": Route(DATA, choices=True, continues="generate"),
     "/v1/chat/completions/render": _OTHER,
     "/v1/completions/render": _OTHER,
     "/skyrl/v1/generate": Route(DATA, choices=True),

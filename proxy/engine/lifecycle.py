@@ -62,6 +62,7 @@ class Lifecycle:
             LocalSteps(self.state, lambda: self.probe) if relay is None else relay(self.state)
         )
         self.held = self.running = 0
+        self.cuts = 0  # abort-mode pauses and sleeps sent: what a continuation asks (client/)
         self._long_timer: asyncio.TimerHandle | None = None
         self._wakeup = asyncio.Event()  # replaced on each change: held requests look again
         self.stalls = Stalls()
@@ -203,6 +204,8 @@ class Lifecycle:
             yield
             return
         self._warn_unpaused(path)
+        if phase.cuts_running(path, query):
+            self.cuts += 1  # before vLLM aborts anything: the aborts are this call's
         steps = self.steps
         call = await steps.enter(path)
         try:

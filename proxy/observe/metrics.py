@@ -86,6 +86,12 @@ class Metrics:
         self.disconnects = self._counter(
             "client_disconnects", "Clients that hung up before the response was complete.", route
         )
+        self.continuations = self._counter(
+            "continuations",
+            "Generations a phase cut short, by outcome: continued (a part sent), refused (its"
+            " hold was), failed (vLLM refused a part), exhausted (--continue-max).",
+            ("route", "outcome"),
+        )
 
     def _upstream(self) -> None:
         """The upstream as the background checks see it."""

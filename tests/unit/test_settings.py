@@ -136,6 +136,8 @@ def test_help_lists_every_setting() -> None:
         "--phase-hold-timeout",
         "--phase-hold-queue",
         "--phase-long-after",
+        "--continue-aborted",
+        "--continue-max",
         "--control-token",
         "--control-token-file",
     ):
