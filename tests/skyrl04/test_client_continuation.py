@@ -1,0 +1,116 @@
+"""skyrl 0.4.0's stock `RemoteInferenceClient.generate` through a sidecar with continuation on,
+against a real vLLM on CPU (dev mode, scale-out): an abort-mode pause or a sleep cuts the
+generation part way, and the stock client still gets every token it asked for.
+
+Without the sidecar (or with continuation off) the same call returns the partial tokens with
+`stop_reason: "abort"`: SkyRL 0.4 retries nothing and leaves the resubmission to its callers.
+The companion (`SidecarInferenceClient`) also shows which weights made which tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.e2e._servers import TinyModel, VllmServer
+from tests.processes import running
+from tests.sidecar import MakeSidecar, Sidecar
+from tests.skyrl.dev_vllm import tiny_model_dir
+from tests.skyrl04.conftest import companion, stock, url
+from tests.support import eventually
+
+pytestmark = pytest.mark.vllm
+
+GENERATE = "/inference/v1/generate"
+MAX_TOKENS = 2000  # over ten seconds on a CPU, unbound: running when the cut lands
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    model = TinyModel(tiny_model_dir())
+    server = VllmServer(
+        model.path,
+        tmp_path_factory.mktemp("vllm-continue"),
+        served_model_name=model.name,
+        max_model_len=8192,
+        extra_args=("--enable-scale-out", "--weight-transfer-config", '{"backend": "nccl"}'),
+        # Unbound: else nothing else on a two-core VM runs while it generates (e2e's module).
+        extra_env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
+    )
+    server.hf_path = model.hf_path  # type: ignore[attr-defined]
+    with running(server):
+        yield server
+
+
+@pytest.fixture
+async def front(vllm: VllmServer, make_sidecar: MakeSidecar) -> Sidecar:
+    return await make_sidecar(vllm.url, continue_aborted=True, health_interval=0.5)
+
+
+def batch(tag: int) -> dict[str, Any]:
+    return {
+        "prompt_token_ids": [[tag, 2, 3]],
+        "sampling_params": {"max_tokens": MAX_TOKENS, "ignore_eos": True, "temperature": 0.0},
+    }
+
+
+async def generating(front: Sidecar) -> None:
+    """Once the sidecar sent the generation on (at once: the engine serves), and a moment more.
+    Nothing of vLLM's can say it generates: while it does, on two cores its API server takes
+    seconds to read a request; the cut lands late for the same reason, hence long generations.
+    Each test checks that a cut came."""
+    await eventually(
+        lambda: front.metric("vllm_sidecar_in_flight_requests", route=GENERATE) >= 1,
+        "the generation is on its way to vLLM",
+    )
+    await asyncio.sleep(1.0)
+
+
+@pytest.mark.parametrize("phase", ["pause", "sleep"])
+async def test_the_stock_client_gets_every_token_across_an_abort(
+    vllm: VllmServer, front: Sidecar, phase: str
+) -> None:
+    client = stock(url(front), model=vllm.hf_path)  # type: ignore[attr-defined]
+    try:
+        asked = asyncio.create_task(client.generate(batch(1)))
+        await generating(front)
+        if phase == "pause":
+            await client.pause(mode="abort")
+            await client.resume()
+        else:
+            await client.sleep(level=1)  # no mode: vLLM's default, abort
+            await client.wake_up()
+        out = await asked
+    finally:
+        await client.teardown()
+    assert out["stop_reasons"] == ["length"]
+    assert len(out["response_ids"][0]) == MAX_TOKENS
+    cut = front.metric("vllm_sidecar_continuations_total", route=GENERATE, outcome="continued")
+    assert cut >= 1
+
+
+async def test_the_companion_says_which_weights_made_which_tokens(
+    vllm: VllmServer, front: Sidecar
+) -> None:
+    client = companion(url(front), model=vllm.hf_path)  # type: ignore[attr-defined]
+    try:
+        asked = asyncio.create_task(client.generate(batch(2)))
+        await generating(front)
+        await client.pause(mode="abort")
+        async with aiohttp.ClientSession() as http:
+            for path, body in (("/start_weight_update", {}), ("/finish_weight_update", {})):
+                async with http.post(f"{url(front)}{path}", json=body) as resp:
+                    assert resp.status == 200, await resp.text()
+        await client.resume()
+        out = await asked
+    finally:
+        await client.teardown()
+    assert out["stop_reasons"] == ["length"]
+    [spans] = out["weight_versions"]
+    assert spans[0]["start"] == 0
+    assert spans[-1]["end"] == MAX_TOKENS
+    assert len({s["version"] for s in spans}) == 2  # the update named none: the sidecar did
