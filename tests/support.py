@@ -8,7 +8,8 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
+from typing import TypeVar
 
 import aiohttp
 
@@ -103,3 +104,19 @@ async def wait_http_ok(url: str, within: float = 15.0, alive: Check = lambda: Tr
                 return False
 
         await eventually(ok, f"{url} answers 200", within, every=0.05)
+
+
+T = TypeVar("T")
+
+
+def exhaust(gen: Generator[None, None, T]) -> tuple[T, int]:
+    """A generator that works in slices (core/jsonskip.py): its answer, its slices run back to
+    back, and how many times it yielded on the way."""
+    yields = 0
+    while True:
+        try:
+            next(gen)
+        except StopIteration as done:
+            answer: T = done.value
+            return answer, yields
+        yields += 1

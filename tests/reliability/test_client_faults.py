@@ -7,10 +7,10 @@ import asyncio
 import aiohttp
 from aiohttp.test_utils import TestServer
 
-from tests.fake_vllm import FakeVLLM, Firehose, sse_forever
+from tests.fake_vllm import FakeVLLM, Firehose, hang, sse_forever
 from tests.metrics import sample, scrape
 from tests.reliability.conftest import rss_bytes
-from tests.sidecar import Sidecar, StartSidecar, admin_of
+from tests.sidecar import COMPLETION, Sidecar, StartSidecar, admin_of
 from tests.support import eventually
 
 STREAM = {"model": "org/tiny-model", "prompt": "x", "stream": True}
@@ -40,6 +40,22 @@ async def test_hang_up_before_the_whole_body(sidecar: Sidecar, fake: FakeVLLM) -
         )
         == 1
     )
+
+
+async def test_client_hang_up_cancels_the_upstream_request(
+    sidecar: Sidecar, fake: FakeVLLM
+) -> None:
+    fake.script("POST /v1/completions", hang())
+    task = asyncio.create_task(
+        sidecar.client.post("/v1/completions", json=STREAM | {"stream": False})
+    )
+    await eventually(lambda: fake.forwarded() == 1)
+    task.cancel()
+    await eventually(lambda: fake.cancelled == ["/v1/completions"])
+    route = "/v1/completions"
+    await eventually(lambda: sidecar.metric("vllm_sidecar_client_disconnects_total", route=route))
+    assert sidecar.metric("vllm_sidecar_client_disconnects_total", route=route) == 1
+    assert sidecar.metric("vllm_sidecar_in_flight_requests", route="/v1/completions") == 0
 
 
 async def test_hang_up_mid_stream_cancels_the_upstream(sidecar: Sidecar, fake: FakeVLLM) -> None:
@@ -77,12 +93,19 @@ async def test_production_hang_up_before_the_body_and_mid_stream(
         resp.close()
     await eventually(lambda: fake.cancelled == ["/v1/completions"])
     assert fake.forwarded() == 1
+    # And a client that leaves while vLLM has not answered at all.
+    fake.script("POST /v1/completions", hang())
+    async with aiohttp.ClientSession() as session:
+        waiting = asyncio.create_task(session.post(f"{url}/v1/completions", json=COMPLETION))
+        await eventually(lambda: fake.forwarded() == 2)
+        waiting.cancel()
+    await eventually(lambda: fake.cancelled == ["/v1/completions"] * 2)
 
-    async def both_counted() -> bool:
+    async def all_counted() -> bool:
         metrics = await scrape(admin)
-        return sample(metrics, "vllm_sidecar_client_disconnects_total", **route) == 2
+        return sample(metrics, "vllm_sidecar_client_disconnects_total", **route) == 3
 
-    await eventually(both_counted, "both hang-ups counted")
+    await eventually(all_counted, "the three hang-ups counted")
     assert await in_flight() == 0
 
 

@@ -17,6 +17,14 @@ from tests.support import eventually
 MiB = 1 << 20
 
 
+async def _request(reader: asyncio.StreamReader) -> tuple[bytes, str]:
+    """The next request's head, its body read past, and its X-Request-Id."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    fields = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:] if b": " in line)
+    await reader.readexactly(int(fields.get(b"Content-Length", b"0")))
+    return head, fields.get(b"X-Request-Id", b"none").decode()
+
+
 def _answer(body: bytes) -> bytes:
     head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
     return head % len(body) + body
@@ -35,12 +43,8 @@ class PushyUpstream:
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         try:
-            while head := await reader.readuntil(b"\r\n\r\n"):
-                fields = dict(
-                    line.split(b": ", 1) for line in head.split(b"\r\n")[1:] if b": " in line
-                )
-                await reader.readexactly(int(fields.get(b"Content-Length", b"0")))
-                rid = fields.get(b"X-Request-Id", b"none").decode()
+            while True:
+                _, rid = await _request(reader)
                 writer.write(_answer(json.dumps({"request_id": rid}).encode()))
                 await asyncio.sleep(0.05)  # idle in the pool by now
                 writer.write(_answer(b'{"request_id": "unsolicited"}'))
@@ -103,12 +107,8 @@ class IdleClosingUpstream:
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         served = 0
         try:
-            while head := await reader.readuntil(b"\r\n\r\n"):
-                fields = dict(
-                    line.split(b": ", 1) for line in head.split(b"\r\n")[1:] if b": " in line
-                )
-                await reader.readexactly(int(fields.get(b"Content-Length", b"0")))
-                rid = fields.get(b"X-Request-Id", b"none").decode()
+            while True:
+                head, rid = await _request(reader)
                 if not head.startswith(b"POST"):
                     writer.write(
                         _answer(b"{}").replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1)

@@ -59,10 +59,9 @@ def batch(tag: int) -> dict[str, Any]:
 
 
 async def generating(front: Sidecar) -> None:
-    """Once the sidecar sent the generation on (at once: the engine serves), and a moment more.
-    Nothing of vLLM's can say it generates: while it does, on two cores its API server takes
-    seconds to read a request; the cut lands late for the same reason, hence long generations.
-    Each test checks that a cut came."""
+    """Once the sidecar sent the generation on (at once: the engine serves), and a moment more:
+    nothing of vLLM's says how far it got. The generations are long, so that the cut lands
+    during them, and each test checks that a cut came."""
     await eventually(
         lambda: front.metric("vllm_sidecar_in_flight_requests", route=GENERATE) >= 1,
         "the generation is on its way to vLLM",

@@ -18,27 +18,15 @@ from proxy.core.jsonskip import (
     skip_value,
     skip_ws,
 )
+from tests.support import exhaust
 
 
 def run(gen: Generator[None, None, int]) -> int:
     """The generator's answer, its slices run back to back."""
-    while True:
-        try:
-            next(gen)
-        except StopIteration as done:
-            answer: int = done.value
-            return answer
+    return exhaust(gen)[0]
 
 
-def run_counting(gen: Generator[None, None, int]) -> tuple[int, int]:
-    """(the answer, how many times the generator yielded on the way)."""
-    yields = 0
-    while True:
-        try:
-            next(gen)
-        except StopIteration as done:
-            return done.value, yields
-        yields += 1
+run_counting = exhaust  # (the answer, how many times it yielded on the way)
 
 
 def malformed_at(gen: Generator[None, None, int]) -> int:

@@ -9,28 +9,17 @@ import pytest
 
 from proxy.core.jsonskip import HOPS_PER_SLICE, Malformed
 from proxy.core.modelkeys import TooComplex, model_spans
+from tests.support import exhaust
 
 Spans = list[tuple[int, int]] | None
 
 
 def run(gen: Generator[None, None, Spans]) -> Spans:
-    """The scan's answer, its slices run back to back."""
-    while True:
-        try:
-            next(gen)
-        except StopIteration as done:
-            answer: Spans = done.value
-            return answer
+    """The generator's answer, its slices run back to back."""
+    return exhaust(gen)[0]
 
 
-def run_counting(gen: Generator[None, None, Spans]) -> tuple[Spans, int]:
-    yields = 0
-    while True:
-        try:
-            next(gen)
-        except StopIteration as done:
-            return done.value, yields
-        yields += 1
+run_counting = exhaust  # (the answer, how many times it yielded on the way)
 
 
 def values(body: bytes, *, first_only: bool = False) -> list[bytes] | None:
