@@ -411,3 +411,24 @@ async def test_an_answer_that_straddles_a_version_change_names_both(
         "default",
         "v5",
     )
+
+
+@pytest.mark.parametrize("api_key", ["vllm-key", None])
+async def test_the_control_token_is_not_sent_to_vllm_as_its_api_key(
+    upstream: TestServer, make_sidecar: MakeSidecar, fake: FakeVLLM, api_key: str | None
+) -> None:
+    """With vLLM's `--api-key`, `--upstream-api-key` says it: a control call checked against the
+    sidecar's token reaches vLLM with vLLM's key, or with none; the data plane is the client's."""
+    sidecar = await make_sidecar(
+        str(upstream.make_url("")), control_token="s3cret", upstream_api_key=api_key
+    )
+    fake.script("POST /v1/load_lora_adapter", respond(200, "Success: LoRA adapter loaded."))
+    bearer = {"Authorization": "Bearer s3cret"}
+    ok = await control(sidecar, "/v1/load_lora_adapter", headers=bearer)
+
+    assert ok.status == 200
+    sent = fake.last("/v1/load_lora_adapter").headers.get("Authorization")
+    assert sent == (f"Bearer {api_key}" if api_key else None)
+    client = {"Authorization": "Bearer the-clients-own"}
+    await sidecar.client.post("/v1/completions", json=COMPLETION, headers=client)
+    assert fake.last("/v1/completions").headers["Authorization"] == "Bearer the-clients-own"

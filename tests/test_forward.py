@@ -105,8 +105,40 @@ async def test_expect_100_continue_is_answered_here(sidecar: Sidecar, fake: Fake
         + b"\r\n\r\n"
         + body,
     )
-    assert b"200 OK" in reply
+    assert reply.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK")
     assert "Expect" not in fake.last("/v1/completions").headers
+
+
+async def expect_only(sidecar: Sidecar, head: bytes) -> bytes:
+    """Send a head with `Expect: 100-continue` and no body: what comes back before the body."""
+    assert sidecar.client.port is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", sidecar.client.port)
+    try:
+        writer.write(head + b"Expect: 100-continue\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        # Over --max-body-bytes: refused at its head, not after its bytes were invited.
+        (b"POST /v1/completions HTTP/1.1\r\nHost: h\r\nContent-Length: 4096\r\n", 413),
+        # A control call without the token: refused before its body is.
+        (b"POST /pause HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n", 401),
+    ],
+)
+async def test_a_body_that_would_be_refused_is_not_invited(
+    upstream: TestServer, make_sidecar: MakeSidecar, fake: FakeVLLM, head: bytes, status: int
+) -> None:
+    url = str(upstream.make_url(""))
+    sidecar = await make_sidecar(url, control_token="s3cret", max_body_bytes=1024)
+    first = await expect_only(sidecar, head)
+    assert first.startswith(f"HTTP/1.1 {status} ".encode()), first
+    assert fake.forwarded() == 0
+    assert fake.forwarded("/pause") == 0
 
 
 async def test_unknown_model_gets_the_upstream_404_enveloped(sidecar: Sidecar) -> None:

@@ -22,7 +22,13 @@ from proxy.core.continuation import PART_PATH, Plan
 from proxy.core.errors import UpstreamInvalidResponse, UpstreamTimeout
 from proxy.core.routes import rule
 from proxy.core.sse import is_event_stream
-from proxy.engine.gate import held_again, named_version, resendable, upstream_started
+from proxy.engine.gate import (
+    control_token_used,
+    held_again,
+    named_version,
+    resendable,
+    upstream_started,
+)
 from proxy.observe.metrics import METRICS
 from proxy.observe.record import RequestRecord
 from proxy.upstream.discovery import DISCOVERY
@@ -241,13 +247,21 @@ async def _health(
 
 def _upstream_headers(request: web.Request, rec: RequestRecord) -> CIMultiDict[str]:
     peer = request.transport.get_extra_info("peername") if request.transport else None
-    return hdrs.upstream_request_headers(
+    headers = hdrs.upstream_request_headers(
         request.headers,
         rid=rec.request_id,
         client_ip=peer[0] if isinstance(peer, tuple) else None,
         scheme=request.scheme,
         host=request.host,
     )
+    if control_token_used(request):
+        # The sidecar's own token is not vLLM's API key: vLLM gets what it needs, or nothing.
+        key = request.app[OPTIONS].upstream_api_key
+        if key:
+            headers[hdrs.AUTHORIZATION] = f"Bearer {key}"
+        else:
+            headers.popall(hdrs.AUTHORIZATION, None)
+    return headers
 
 
 def _payload(request: web.Request, body: bytes | StreamedBody, headers: CIMultiDict[str]) -> object:

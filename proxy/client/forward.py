@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 
 from aiohttp import web
+from aiohttp.http import HttpVersion11
 
 from proxy.core import headers as hdrs
 from proxy.core.errors import InvalidRequest, ShuttingDown, SidecarFailure
-from proxy.engine.gate import admission
+from proxy.engine.gate import admissible, admission
 from proxy.observe.metrics import METRICS
 from proxy.observe.record import CLIENT_CLOSED, RequestRecord
 from proxy.upstream.discovery import DISCOVERY
@@ -73,9 +74,32 @@ _REFUSED = "The sidecar is shutting down and takes no new requests; retry on ano
 
 
 def _check_target(request: web.Request) -> None:
-    """`OPTIONS *` and `CONNECT host:port` name no path to forward (RFC 9112 section 3.2)."""
+    """`OPTIONS *` and `CONNECT host:port` name no path to forward (RFC 9112 section 3.2); a
+    CONNECT of any form asks for a tunnel, which the sidecar does not open (aiohttp's client
+    would write even `CONNECT /path` to vLLM in authority form, with the upstream's address)."""
+    if request.method == "CONNECT":
+        raise InvalidRequest(
+            "CONNECT asks for a tunnel; the sidecar opens none: it forwards HTTP requests to vLLM."
+        )
     if not origin_form(request).startswith("/"):
         raise InvalidRequest(
             f"The request target `{request.raw_path[:100]}` is not a path: the sidecar forwards "
             "origin-form (`/v1/...`) and absolute-form targets only."
         )
+
+
+async def expect(request: web.Request) -> None:
+    """`Expect: 100-continue`: the body is invited only for a request that will be taken. One
+    over --max-body-bytes, or a control call without the token, gets no invitation, and the
+    handler answers it (413, 401) before a byte of its body is sent (RFC 9110 section 10.1.1).
+    aiohttp's own handler invites every body first."""
+    if request.version != HttpVersion11:
+        return
+    if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
+        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers[hdrs.EXPECT]}")
+    limit = request.app[OPTIONS].max_body_bytes
+    too_large = request.content_length is not None and request.content_length > limit
+    if too_large or not admissible(request):
+        return
+    assert request.writer is not None
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")

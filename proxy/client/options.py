@@ -15,6 +15,7 @@ class ClientOptions(Protocol):
     shutdown_grace: float
     continue_aborted: bool
     continue_max: int
+    upstream_api_key: str | None
 
 
 OPTIONS = web.AppKey[ClientOptions]("options")

@@ -9,6 +9,8 @@ from collections.abc import Iterable
 from multidict import CIMultiDict, MultiMapping, istr
 
 REQUEST_ID = istr("X-Request-Id")
+AUTHORIZATION = istr("Authorization")
+EXPECT = istr("Expect")
 SIDECAR_ERROR = istr("X-Sidecar-Error")
 
 # RFC 9110 section 7.6.1: connection-specific fields a proxy must not forward, plus the fields

@@ -74,6 +74,18 @@ def admission(
     return _DataHold(rec, lifecycle, admission)
 
 
+def admissible(request: web.Request) -> bool:
+    """Whether the lifecycle would take the request at its head: a control call needs the
+    token (asked before its body is invited)."""
+    if plane(request.method, request.path) != CONTROL:
+        return True
+    try:
+        request.app[LIFECYCLE].authorize(request.headers.get("Authorization"))
+    except Unauthorized:
+        return False
+    return True
+
+
 def _asked_deadline(request: web.Request) -> float | None:
     value = request.headers.get(HOLD_TIMEOUT)
     if value is None:
@@ -129,6 +141,17 @@ class _DataHold:
     async def __aexit__(self, *exc_info: object) -> None:
         self.lifecycle.running -= 1
         self.lifecycle.stalls.discard(self.admission)
+
+
+def control_token_used(request: web.Request) -> bool:
+    """A control-plane call that passed the sidecar's token check: its Authorization was the
+    sidecar's token, not the client's word to vLLM."""
+    admission = request.get(ADMISSION)
+    return (
+        admission is not None
+        and admission.plane == CONTROL
+        and request.app[LIFECYCLE].token is not None
+    )
 
 
 def resendable(request: web.Request) -> bool:

@@ -15,6 +15,7 @@ from aiohttp import web
 from yarl import URL
 
 from proxy.core.resolution import ModelTable, ServedModel
+from proxy.observe.logs import text_field
 from proxy.observe.metrics import Metrics
 
 from .checks import UpstreamChecks, read_bound
@@ -23,6 +24,18 @@ from .options import UpstreamOptions
 __all__ = ["DISCOVERY", "Discovery", "Source", "read_bound"]
 
 log = logging.getLogger("proxy.discovery")  # its name before the layers: kept for filters
+
+
+# Served names logged at most: a server with thousands of adapters would log a line of megabytes.
+LOGGED_NAMES = 20
+
+
+def _listed(names: list[str]) -> str:
+    """Served names for the log: each escaped as a client-sent value is (a LoRA adapter's name
+    is the upstream's to choose, newline included), and no more than LOGGED_NAMES of them."""
+    shown = ", ".join(text_field(n) for n in names[:LOGGED_NAMES]) or "nothing"
+    more = len(names) - LOGGED_NAMES
+    return f"{shown} and {more} more" if more > 0 else shown
 
 
 class Source(Protocol):
@@ -97,7 +110,7 @@ class Discovery:
 
     def set_models(self, served: Sequence[ServedModel]) -> None:
         if [m.id for m in served] != list(self.table.names):
-            log.info("upstream serves %s", ", ".join(m.id for m in served) or "nothing")
+            log.info("upstream serves %s", _listed([m.id for m in served]))
         self.table = self.make_table(served)
         self.models_known = True
 

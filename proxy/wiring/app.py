@@ -13,9 +13,10 @@ from proxy.client import connections
 from proxy.client.budget import BUDGET, Budget
 from proxy.client.connections import CONNECTIONS
 from proxy.client.drain import IN_FLIGHT, InFlight
-from proxy.client.forward import handle
+from proxy.client.forward import expect, handle
 from proxy.client.guard import Limits
 from proxy.client.options import OPTIONS
+from proxy.client.redirects import redirect_here
 from proxy.config.settings import SETTINGS, Settings
 from proxy.core.phase import SERVING
 from proxy.engine.gate import stamp
@@ -80,9 +81,10 @@ def create_app(
     )
     app[DISCOVERY].patient = lambda: engine.phase != SERVING or engine.state.calls > 0
     app.on_response_prepare.append(stamp)
+    app.on_response_prepare.append(redirect_here)
     app.cleanup_ctx.append(_upstream_ctx)
     # `[\s\S]`, not `.`: a path with an encoded newline (`%0A`) is a path too.
-    app.router.add_route("*", r"/{tail:[\s\S]*}", handle)
+    app.router.add_route("*", r"/{tail:[\s\S]*}", handle, expect_handler=expect)
     return app
 
 

@@ -7,6 +7,7 @@ import asyncio
 import json
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from tests.fake_vllm import FakeVLLM, respond
@@ -364,7 +365,13 @@ async def test_header_bytes_that_are_not_utf8_do_not_break_the_request(
 
 
 @pytest.mark.parametrize(
-    "request_line", [b"OPTIONS * HTTP/1.1", b"CONNECT evil.example:443 HTTP/1.1"]
+    "request_line",
+    [
+        b"OPTIONS * HTTP/1.1",
+        b"CONNECT evil.example:443 HTTP/1.1",
+        # A path-form CONNECT: aiohttp's client would write it in authority form, upstream's.
+        b"CONNECT /%40x HTTP/1.1",
+    ],
 )
 async def test_asterisk_and_authority_forms_are_not_forwarded(
     sidecar: Sidecar, fake: FakeVLLM, request_line: bytes
@@ -383,3 +390,38 @@ async def test_asterisk_and_authority_forms_are_not_forwarded(
         sidecar.metric("vllm_sidecar_requests_total", route="other", method=method, status="400")
         == 1
     )
+
+
+async def test_a_served_name_cannot_forge_a_log_line(
+    upstream: TestServer,
+    fake: FakeVLLM,
+    make_sidecar: MakeSidecar,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A served id is the upstream's to choose (a LoRA adapter's name): logged escaped, and a
+    list of thousands is not one line of megabytes."""
+    forged = "lora\nFORGED-H3 WARNING proxy.access: POST /pause 200"
+    fake.served = [(forged, "/adapters/x"), *((f"m{i}", f"/m/{i}") for i in range(40))]
+    with caplog.at_level("INFO", logger="proxy.discovery"):
+        await make_sidecar(str(upstream.make_url("")))
+    [line] = [r.getMessage() for r in caplog.records if "upstream serves" in r.getMessage()]
+    assert "\n" not in line
+    assert '"lora\\nFORGED-H3 WARNING proxy.access: POST /pause 200"' in line
+    assert line.endswith(" and 21 more")
+
+
+async def test_a_redirect_to_vllm_leads_back_to_the_sidecar(
+    sidecar: Sidecar, fake: FakeVLLM
+) -> None:
+    """Starlette redirects `POST /pause/` to `/pause` on the Host it was sent (the upstream's): a
+    client that followed it would skip the control token, the hold and the model rewrite."""
+
+    async def slash_redirect(request: web.Request) -> web.Response:
+        where = f"http://{request.host}{request.path.rstrip('/')}"
+        return web.Response(status=307, headers={"Location": where})
+
+    fake.script("POST /pause/", slash_redirect)
+    resp = await sidecar.client.post("/pause/", allow_redirects=False)
+    assert resp.status == 307
+    assert resp.headers["Location"] == f"http://{resp.url.host}:{resp.url.port}/pause"
+    assert fake.last("/pause/").headers["Host"] != f"{resp.url.host}:{resp.url.port}"
