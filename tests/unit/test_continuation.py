@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 
 from proxy.core import continuation as cont
-from proxy.core.continuation import CHAT, COMPLETIONS, GENERATE, Joined, Plan, joined_choice, plan
+from proxy.core import joining
+from proxy.core.continuation import CHAT, COMPLETIONS, GENERATE, Plan, plan
+from proxy.core.joining import Joined, joined_choice
 
 Json = dict[str, Any]
 
@@ -598,10 +600,10 @@ def test_aborted() -> None:
 
 
 def test_a_stop_straddling_the_cut_is_found() -> None:
-    assert cont.straddling_stop("abcSTOPdef", 5, ("STOP",)) == (3, "STOP")
-    assert cont.straddling_stop("abcSTOPdef", 4, ("STOP",)) == (3, "STOP")
-    assert cont.straddling_stop("abcSTOPdef", 6, ("STOP",)) == (3, "STOP")
-    assert cont.straddling_stop("aaa", 2, ("aa",)) == (1, "aa")
+    assert joining.straddling_stop("abcSTOPdef", 5, ("STOP",)) == (3, "STOP")
+    assert joining.straddling_stop("abcSTOPdef", 4, ("STOP",)) == (3, "STOP")
+    assert joining.straddling_stop("abcSTOPdef", 6, ("STOP",)) == (3, "STOP")
+    assert joining.straddling_stop("aaa", 2, ("aa",)) == (1, "aa")
 
 
 @pytest.mark.parametrize(
@@ -616,30 +618,30 @@ def test_a_stop_straddling_the_cut_is_found() -> None:
     ],
 )
 def test_a_stop_that_does_not_straddle_is_not_returned(text: str, since: int) -> None:
-    assert cont.straddling_stop(text, since, ("STOP",)) is None
+    assert joining.straddling_stop(text, since, ("STOP",)) is None
 
 
 def test_the_earliest_straddling_stop() -> None:
-    assert cont.straddling_stop("xxABCDEyy", 4, ("BCD", "ABC", "CDE")) == (2, "ABC")
-    assert cont.straddling_stop("xxABCDEyy", 4, ("CDE", "BCD")) == (3, "BCD")
-    assert cont.straddling_stop("xxABCDEyy", 4, ("xx", "Eyy")) is None
-    assert cont.straddling_stop("xxABCDEyy", 4, ()) is None
+    assert joining.straddling_stop("xxABCDEyy", 4, ("BCD", "ABC", "CDE")) == (2, "ABC")
+    assert joining.straddling_stop("xxABCDEyy", 4, ("CDE", "BCD")) == (3, "BCD")
+    assert joining.straddling_stop("xxABCDEyy", 4, ("xx", "Eyy")) is None
+    assert joining.straddling_stop("xxABCDEyy", 4, ()) is None
     # A stop wholly before the cut does not hide a later one that straddles it.
-    assert cont.straddling_stop("ABxxAByy", 5, ("AB",)) == (4, "AB")
-    assert cont.straddling_stop("ABxxAByy", 5, ("AB", "xAB")) == (3, "xAB")
+    assert joining.straddling_stop("ABxxAByy", 5, ("AB",)) == (4, "AB")
+    assert joining.straddling_stop("ABxxAByy", 5, ("AB", "xAB")) == (3, "xAB")
 
 
 def test_the_text_ends_in_a_stop_prefix() -> None:
-    assert cont.ends_in_stop_prefix("abcS", ("STOP",))
-    assert cont.ends_in_stop_prefix("abcSTO", ("STOP",))
-    assert cont.ends_in_stop_prefix("S", ("STOP",))
-    assert cont.ends_in_stop_prefix("xyz\n", ("END", "\n\n"))
-    assert not cont.ends_in_stop_prefix("abcSTOP", ("STOP",))  # all of it: vLLM's to see
-    assert not cont.ends_in_stop_prefix("abcT", ("STOP",))
-    assert not cont.ends_in_stop_prefix("abc", ("STOP",))
-    assert not cont.ends_in_stop_prefix("", ("STOP",))
-    assert not cont.ends_in_stop_prefix("abcS", ())
-    assert not cont.ends_in_stop_prefix("abcX", ("X",))  # one character cannot straddle
+    assert joining.ends_in_stop_prefix("abcS", ("STOP",))
+    assert joining.ends_in_stop_prefix("abcSTO", ("STOP",))
+    assert joining.ends_in_stop_prefix("S", ("STOP",))
+    assert joining.ends_in_stop_prefix("xyz\n", ("END", "\n\n"))
+    assert not joining.ends_in_stop_prefix("abcSTOP", ("STOP",))  # all of it: vLLM's to see
+    assert not joining.ends_in_stop_prefix("abcT", ("STOP",))
+    assert not joining.ends_in_stop_prefix("abc", ("STOP",))
+    assert not joining.ends_in_stop_prefix("", ("STOP",))
+    assert not joining.ends_in_stop_prefix("abcS", ())
+    assert not joining.ends_in_stop_prefix("abcX", ("X",))  # one character cannot straddle
 
 
 # The answer
@@ -649,17 +651,17 @@ def test_usage_counts_every_joined_token_once() -> None:
     first = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7, "extra": 1}
     a = Joined(index=0, prompt=[1], tokens=[1, 2, 3])
     b = Joined(index=1, prompt=[1], tokens=[4, 5, 6, 7])
-    usage = cont.usage_of(first, [a, b])
+    usage = joining.usage_of(first, [a, b])
     assert usage == {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12, "extra": 1}
     assert first["completion_tokens"] == 2
-    assert cont.usage_of({"prompt_tokens": 3}, []) == {
+    assert joining.usage_of({"prompt_tokens": 3}, []) == {
         "prompt_tokens": 3,
         "completion_tokens": 0,
         "total_tokens": 3,
     }
-    assert cont.usage_of({"completion_tokens": 1}, [a]) == {"completion_tokens": 3}
-    assert cont.usage_of(None, [a]) is None
-    assert cont.usage_of([1], [a]) is None
+    assert joining.usage_of({"completion_tokens": 1}, [a]) == {"completion_tokens": 3}
+    assert joining.usage_of(None, [a]) is None
+    assert joining.usage_of([1], [a]) is None
 
 
 def cut_base() -> Json:
@@ -683,7 +685,7 @@ def joined_two() -> Joined:
 
 def test_the_joined_completions_choice_without_token_ids() -> None:
     base = cut_base()
-    choice = cont.joined_choice(completions(), base, joined_two())
+    choice = joining.joined_choice(completions(), base, joined_two())
     assert choice == {
         "index": 1,
         "text": "Hello",
@@ -698,7 +700,7 @@ def test_the_joined_completions_choice_with_token_ids_and_versions() -> None:
     j = joined_two()
     j.logprobs = {"tokens": ["a"]}
     p = completions(return_token_ids=True, return_weight_versions=True)
-    choice = cont.joined_choice(p, cut_base(), j)
+    choice = joining.joined_choice(p, cut_base(), j)
     assert choice == {
         "index": 1,
         "text": "Hello",
@@ -709,19 +711,19 @@ def test_the_joined_completions_choice_with_token_ids_and_versions() -> None:
         "stop_reason": "END",
         "weight_versions": [{"version": "v1", "start": 0, "end": 3}],
     }
-    versions_only = cont.joined_choice(completions(return_weight_versions=True), cut_base(), j)
+    versions_only = joining.joined_choice(completions(return_weight_versions=True), cut_base(), j)
     assert ("token_ids" in versions_only, "prompt_token_ids" in versions_only) == (False, False)
     assert versions_only["weight_versions"] == [{"version": "v1", "start": 0, "end": 3}]
 
 
 def test_the_joined_completions_choice_has_text_even_where_the_base_had_none() -> None:
-    choice = cont.joined_choice(completions(), {"index": 0}, joined_two())
+    choice = joining.joined_choice(completions(), {"index": 0}, joined_two())
     assert choice["text"] == "Hello"
 
 
 def test_the_joined_generate_choice() -> None:
     base = {"index": 0, "token_ids": [10, 11], "finish_reason": cont.ABORT, "logprobs": None}
-    choice = cont.joined_choice(generate(), base, joined_two())
+    choice = joining.joined_choice(generate(), base, joined_two())
     assert choice == {
         "index": 0,
         "token_ids": [10, 11, 12],
@@ -730,19 +732,19 @@ def test_the_joined_generate_choice() -> None:
         "stop_reason": "END",
         "weight_versions": [{"version": "v1", "start": 0, "end": 3}],
     }
-    with_text = cont.joined_choice(generate(), {**base, "text": "He"}, joined_two())
+    with_text = joining.joined_choice(generate(), {**base, "text": "He"}, joined_two())
     assert with_text["text"] == "Hello"
 
 
 def test_stripped_drops_only_the_token_ids_the_sidecar_asked_for() -> None:
     choice = cut_base()
-    out = cont.stripped(completions(), choice)
+    out = joining.stripped(completions(), choice)
     assert out is choice
     assert ("token_ids" in out, "prompt_token_ids" in out) == (False, False)
     assert out["text"] == "Hel"
-    assert cont.stripped(completions(return_token_ids=True), cut_base()) == cut_base()
-    assert cont.stripped(generate(), cut_base()) == cut_base()
-    assert cont.stripped(completions(), {"index": 0}) == {"index": 0}
+    assert joining.stripped(completions(return_token_ids=True), cut_base()) == cut_base()
+    assert joining.stripped(generate(), cut_base()) == cut_base()
+    assert joining.stripped(completions(), {"index": 0}) == {"index": 0}
 
 
 # -- chat ----------------------------------------------------------------------------------

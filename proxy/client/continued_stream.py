@@ -1,0 +1,286 @@
+"""A continued answer that streams: relayed event by event; the events of a cut are kept back,
+and the choice goes on in a continuation's events, under its own index and the first part's id
+(client/continuation.py decides when and sends the parts)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from proxy.core import continuation as cont
+from proxy.core import joining
+from proxy.core.continuation import ABORT
+from proxy.core.errors import SidecarFailure
+from proxy.core.headers import drop, response_headers
+from proxy.core.joining import Joined
+from proxy.core.sse import is_event_stream
+from proxy.observe.record import RequestRecord
+from proxy.upstream.session import UPSTREAM_ERRORS, classify
+
+from .failures import sse_error
+
+if TYPE_CHECKING:
+    from .continuation import Continuing, Relay
+
+log = logging.getLogger("proxy.continuation")
+
+Json = dict[str, Any]
+
+
+class Streamed:
+    """A streamed answer, relayed event by event; the events of a cut are kept back and the
+    choice goes on in a continuation's events, under its own index and the first part's id."""
+
+    def __init__(self, owner: Continuing, resp: aiohttp.ClientResponse) -> None:
+        self.owner, self.resp, self.plan = owner, resp, owner.plan
+        headers = response_headers(resp.headers, rid=owner.rec.request_id)
+        drop(headers, ("Content-Length",))
+        self.out = web.StreamResponse(status=resp.status, headers=headers)
+        self.joined: dict[int, Joined] = {}
+        self.sent: dict[int, tuple[int, int]] = {}  # what the client has: characters, tokens
+        self.ended: set[int] = set()  # choices whose finishing event went out
+        self.starts: dict[int, int] = {}  # where each choice's part in flight began, in tokens
+        self.usage: Json | None = None  # the first part's usage event, counted again at the end
+        self.head: Json = {}  # the first part's id, created, model: every event carries them
+        self.gone = False
+
+    async def run(self, first: bytes) -> web.StreamResponse:
+        owner = self.owner
+        owner.rec.status = self.resp.status
+        await self._write(b"", prepare=True)
+        if (failure := await self._pump(self.resp, first, None)) is not None:
+            return await self._failed(failure)
+        for index in range(self.plan.choices()):  # vLLM 0.32 sends no event for a 0-token abort
+            if index not in self.joined and (prompt := self.plan.token_prompt(index)):
+                self.joined[index] = Joined(index, prompt)
+        todo = sorted(
+            (j for j in self.joined.values() if j.finish_reason in (ABORT, None)),
+            key=lambda j: j.index,
+        )
+        cut = bool(todo) and owner.phase_cut()
+        for j in todo:
+            if j.finish_reason is None:  # no event ended it: cut before its first token
+                j.finish_reason, j.cuts = ABORT, j.cuts + 1
+            if cut and j.prompt and not j.reasoning:
+                try:
+                    await self.owner.finish(j, self._part)
+                except _Broken as broken:
+                    return await self._failed(broken.failure)
+            if j.index not in self.ended:  # as it ended: cut, or a probe's stop or length
+                await self._flush(j, j.finish_reason)
+        if self.usage is not None:
+            usage = joining.usage_of(self.usage.get("usage"), list(self.joined.values()))
+            await self._event({**self.usage, "usage": usage})
+        await self._write(b"data: [DONE]\n\n")
+        if not self.gone:
+            with contextlib.suppress(ConnectionError):
+                await self.out.write_eof()
+        return self.out
+
+    async def _part(self, j: Joined) -> bool:
+        """One streamed part of the choice, its events relayed as they come; False when it
+        could not be sent (the choice stays as it was cut)."""
+        owner = self.owner
+        if self.gone:
+            return False
+        await self._flush(j)  # what vLLM kept back for its stop check, and any probe's
+        body = self.plan.part_body(j.prompt, j.tokens, stream=True, most=owner.left(j))
+        owner.parts += 1
+        self.starts[j.index] = len(j.tokens)
+        relay = self._relayed(j, owner.lifecycle.version)
+        try:
+            resp = await owner.send(orjson.dumps(body), f"c{owner.parts}", relay)
+        except SidecarFailure as failure:  # not connected
+            log.warning("%s: a continuation failed: %s", owner.rec.path, failure)
+            resp = None
+        if resp is None or resp.status != 200:
+            owner.count("failed")
+            return False
+        owner.count("continued")
+        return not self.gone
+
+    def _relayed(self, j: Joined, version: str | None) -> Relay:
+        async def relay(
+            request: web.Request, rec: RequestRecord, resp: aiohttp.ClientResponse, first: bytes
+        ) -> web.Response:
+            if resp.status != 200 or not is_event_stream(resp.headers.get("Content-Type")):
+                await resp.read()
+                return web.Response(status=resp.status if resp.status != 200 else 502)
+            if (failure := await self._pump(resp, first, (j, version))) is not None:
+                raise _Broken(failure)  # not an upstream error: it passes the exchange as it is
+            return web.Response()
+
+        return relay
+
+    async def _pump(
+        self, resp: aiohttp.ClientResponse, first: bytes, part: tuple[Joined, str | None] | None
+    ) -> SidecarFailure | None:
+        """Relay one part's events, until it ends (None) or breaks off (the failure); `part`:
+        the continued choice and its version (None: the first part, all the client's)."""
+        buffer = first
+        chunks = resp.content.iter_any().__aiter__()
+        while not self.gone:
+            end = buffer.find(b"\n\n")
+            if end < 0:
+                try:
+                    buffer += await anext(chunks)
+                except StopAsyncIteration:
+                    return None
+                except UPSTREAM_ERRORS as exc:
+                    where = f"while streaming {self.owner.rec.method} {self.owner.rec.path}"
+                    return classify(exc, where=where)
+                continue
+            event, buffer = buffer[: end + 2], buffer[end + 2 :]
+            await self._on_event(event, part)
+        return None
+
+    async def _failed(self, failure: SidecarFailure) -> web.StreamResponse:
+        """vLLM's stream broke off: one SSE error event and [DONE], as the relay ends one."""
+        owner = self.owner
+        owner.rec.fail_with(owner.metrics, failure)
+        await self._write(b"\n\n" + sse_error(owner.rec, failure, None))
+        if not self.gone:
+            with contextlib.suppress(ConnectionError):
+                await self.out.write_eof()
+        return self.out
+
+    async def _on_event(self, event: bytes, part: tuple[Joined, str | None] | None) -> None:
+        data = event.strip()
+        if not data.startswith(b"data:"):
+            await self._write(event)  # a comment, or the sidecar's own events
+            return
+        data = data[5:].strip()
+        if data == b"[DONE]":
+            return  # the sidecar ends the stream itself, once every choice is done
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            chunk = None
+        if not isinstance(chunk, dict) or not isinstance(chunk.get("choices"), list):
+            await self._write(event)  # an in-band error: relayed as it is
+            return
+        if not chunk["choices"] and "usage" in chunk:
+            if part is None:
+                self.usage = chunk
+            return
+        if part is None and not self.head:
+            self.head = {k: chunk[k] for k in _HEAD if k in chunk}
+        relayed = [
+            c
+            for choice in chunk["choices"]
+            if (c := self._relayed_choice(choice, part, chunk)) is not None
+        ]
+        if part is not None or not self.plan.token_ids_asked:
+            chunk.pop(
+                "prompt_token_ids", None
+            )  # chat's, on a first event; a part's: not the client's
+        if relayed:
+            await self._event({**chunk, **self.head, "choices": relayed})
+
+    def _relayed_choice(
+        self, choice: object, part: tuple[Joined, str | None] | None, chunk: Json
+    ) -> Json | None:
+        """A choice's event joined, and as the client gets it; None: kept back (a cut, or a
+        chat continuation's opening role event)."""
+        if not isinstance(choice, dict):
+            return None
+        j = self._choice(choice, chunk) if part is None else part[0]
+        version = self.owner.version if part is None else part[1]
+        tokens = choice.get("token_ids") or []
+        text = self.plan.text_of(choice)
+        if part is not None and _role_only(choice, text, tokens):
+            return None
+        for key, value in self.plan.reasoning_of(choice).items():  # not joinable: not continued
+            j.reasoning[key] = j.reasoning.get(key, "") + value
+        j.add_tokens(tokens, text, choice.get("logprobs"))
+        spans = choice.get("weight_versions")
+        if isinstance(spans, list) and spans:  # the part's last event: vLLM's, over all of it
+            j.part_spans(self.starts.get(j.index, 0), spans)
+        else:
+            j.add_spans(None, len(tokens), version)
+        finish = choice.get("finish_reason")
+        if finish is not None:
+            j.finish(choice)
+        if finish == ABORT:
+            return None
+        self.sent[j.index] = (len(j.text), len(j.tokens))
+        out = joining.stripped(self.plan, {**choice, "index": j.index})
+        if part is not None and self.plan.kind == cont.CHAT:  # a /v1/completions part's event
+            out = self.plan.with_text(_without(out, "text"), text, stream=True)
+        if finish is not None:
+            self.ended.add(j.index)
+            if self._spans_shown():
+                out["weight_versions"] = j.spans
+        return out
+
+    def _choice(self, choice: Json, chunk: Json) -> Joined:
+        index = choice.get("index")
+        index = index if isinstance(index, int) else 0
+        j = self.joined.get(index)
+        if j is None:
+            j = self.joined[index] = Joined(index, self.plan.prompt_of(choice, chunk) or [])
+        elif not j.prompt and (prompt := self.plan.prompt_of(choice, chunk)):
+            j.prompt = prompt
+        return j
+
+    def _spans_shown(self) -> bool:
+        return self.plan.versions_asked or self.plan.kind == cont.GENERATE
+
+    async def _flush(self, j: Joined, finish: str | None = None) -> None:
+        """One event with what the client does not have of the choice yet, and its end."""
+        chars, count = self.sent.get(j.index, (0, 0))
+        text, tokens = j.text[chars:], j.tokens[count:]
+        if not text and not tokens and finish is None:
+            return
+        self.sent[j.index] = (max(chars, len(j.text)), len(j.tokens))
+        choice = self.plan.with_text({"index": j.index, "finish_reason": finish}, text, stream=True)
+        if self.plan.kind == cont.GENERATE or self.plan.token_ids_asked:
+            choice["token_ids"] = tokens
+        if finish is not None:
+            self.ended.add(j.index)
+            choice["stop_reason"] = j.stop_reason
+            if self._spans_shown():
+                choice["weight_versions"] = j.spans
+        await self._event({**self.head, "choices": [choice]})
+
+    async def _event(self, chunk: Json) -> None:
+        await self._write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+
+    async def _write(self, data: bytes, *, prepare: bool = False) -> None:
+        if self.gone:
+            return
+        try:
+            if prepare:
+                await self.out.prepare(self.owner.request)
+            elif data:
+                await self.out.write(data)
+        except ConnectionError:
+            self.gone = True
+            self.owner.rec.client_left(self.owner.metrics)
+
+
+_HEAD = ("id", "object", "created", "model", "request_id")
+
+
+def _without(choice: Json, key: str) -> Json:
+    return {k: v for k, v in choice.items() if k != key}
+
+
+def _role_only(choice: Json, text: str, tokens: list[int]) -> bool:
+    """A chat stream's opening event (`delta: {"role": "assistant", "content": ""}`): a
+    continuation's is not the client's, which had one already."""
+    delta = choice.get("delta")
+    return isinstance(delta, dict) and "role" in delta and not text and not tokens
+
+
+class _Broken(Exception):
+    """A continuation's stream broke off after its events began to reach the client."""
+
+    def __init__(self, failure: SidecarFailure) -> None:
+        super().__init__(failure)
+        self.failure = failure
