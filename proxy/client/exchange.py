@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import aiohttp
 from aiohttp import web
@@ -32,8 +33,8 @@ from proxy.engine.gate import (
 from proxy.observe.metrics import METRICS
 from proxy.observe.record import RequestRecord
 from proxy.upstream.discovery import DISCOVERY
+from proxy.upstream.hop import HOP
 from proxy.upstream.session import (
-    SESSION,
     UPSTREAM,
     UPSTREAM_ERRORS,
     classify,
@@ -190,14 +191,16 @@ async def _send(
     sent = time.perf_counter()
     answered = False
     try:
-        async with app[SESSION].request(
+        async with app[HOP].request(
             request.method,
             target(app[UPSTREAM], path or origin_form(request)),
             data=_payload(request, body, headers),
             headers=headers,
             allow_redirects=False,
-        ) as resp:
+        ) as answer:
             answered = True
+            # The lean hop's Answer has the surface of a ClientResponse that the relay reads.
+            resp = cast(aiohttp.ClientResponse, answer)
             app[METRICS].ttfb.labels(rec.route).observe(time.perf_counter() - sent)
             upstream_started(request, resp)  # engine lifecycle: a stream a phase may stall
             first = b""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Literal, Protocol
 
 
 class UpstreamOptions(Protocol):
@@ -12,6 +12,7 @@ class UpstreamOptions(Protocol):
     served_model_names: list[str] | None
     aliases: dict[str, str]
     case_insensitive: bool
+    upstream_client: Literal["lean", "aiohttp"]
     max_connections: int
     pool_timeout: float
     connect_timeout: float

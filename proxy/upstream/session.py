@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from contextvars import ContextVar
 from typing import Any
 
 import aiohttp
@@ -22,6 +21,8 @@ from proxy.core.errors import (
     UpstreamUnreachable,
 )
 
+from .marks import QUEUED as _QUEUED
+from .marks import REUSED as _REUSED
 from .options import UpstreamOptions
 
 log = logging.getLogger("proxy.upstream")  # its name before the layers: kept for filters
@@ -108,16 +109,6 @@ def make_session(settings: UpstreamOptions) -> aiohttp.ClientSession:
         cookie_jar=aiohttp.DummyCookieJar(),
         trust_env=False,
     )
-
-
-# Whether the current request went out on a kept-alive connection that carried one before: set
-# by the connection itself when the request is sent.
-_REUSED: ContextVar[bool] = ContextVar("sent_on_a_reused_connection", default=False)
-
-
-# Whether the current request is waiting for a pooled connection: set and cleared by aiohttp's
-# trace signals, which run in the request's own task, so each request sees its own value.
-_QUEUED: ContextVar[bool] = ContextVar("queued_for_upstream_pool", default=False)
 
 
 def _pool_queue_trace() -> aiohttp.TraceConfig:

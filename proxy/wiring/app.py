@@ -24,12 +24,16 @@ from proxy.engine.lifecycle import LIFECYCLE, Lifecycle
 from proxy.engine.reconcile import reconciling
 from proxy.observe.metrics import METRICS, Metrics
 from proxy.upstream.discovery import DISCOVERY, Discovery
+from proxy.upstream.hop import HOP, hop
 from proxy.upstream.session import SESSION, UPSTREAM, make_session
 
 
 async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
-    async with make_session(app[SETTINGS]) as session:
-        app[SESSION] = session
+    async with (
+        make_session(app[SETTINGS]) as session,
+        hop(app[SETTINGS], app[UPSTREAM], session) as proxied,
+    ):
+        app[SESSION], app[HOP] = session, proxied
         async with app[DISCOVERY].running(session):
             lifecycle = app[LIFECYCLE]
             if not lifecycle.role.leads:  # a worker's follows the supervisor's, which reconciles

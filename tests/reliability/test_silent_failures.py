@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.config.settings import Settings
 from proxy.upstream.discovery import DISCOVERY
+from proxy.upstream.hop import HOP
 from proxy.upstream.session import SESSION
 from proxy.wiring.app import create_app
 from tests.fake_vllm import FakeVLLM, raw, start_sse
@@ -39,6 +40,7 @@ async def test_unexpected_exception_gets_an_internal_error_envelope(
     # A closed upstream session (as in a shutdown race) raises RuntimeError, not a ClientError:
     # aiohttp answered it with its plain-text 500, counted as status 0.
     await sidecar.app[SESSION].close()
+    await sidecar.app[HOP].close()  # the proxied requests' client, when it is not the session
     resp = await sidecar.client.post("/v1/completions", json={"model": "tiny-model"})
     assert resp.status == 500
     assert resp.headers["X-Sidecar-Error"] == "internal_error"
