@@ -11,6 +11,7 @@ import logging
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import aiohttp
 import httptools
@@ -75,7 +76,10 @@ class Connection(asyncio.Protocol):
     @property
     def done(self) -> bool:
         """The last answer arrived whole and the connection may carry the next request."""
-        return not self._waiting and self.keep and not self.lost
+        transport = self.transport
+        return (
+            not self._waiting and self.keep and transport is not None and not transport.is_closing()
+        )
 
     def write(self, data: bytes | memoryview) -> None:
         assert self.transport is not None
@@ -115,8 +119,8 @@ class Connection(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's TCPTransport is no asyncio.Transport subclass, though it is one in all but name
+        self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -178,6 +182,8 @@ class Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         assert self._parser is not None
         assert self._head is not None
+        if not self._waiting:  # a stray answer, already refused (on_message_begin)
+            return
         status = self._parser.get_status_code()
         if status < 200 and status != 101:  # RFC 9110 section 15.2: interim, then the answer
             self._interim, self._fields = True, []
