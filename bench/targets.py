@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import shlex
@@ -107,13 +108,15 @@ def start_nginx(env: Env) -> Running:
     return Running(url, child, _nginx_version())
 
 
-def start_baseline(env: Env) -> Running:
+def start_baseline(env: Env, *, low_level: bool = False) -> Running:
     port = free_port()
     python = ROOT / ".venv" / "bin" / "python"
     argv = [str(python), str(BENCH / "proxies" / "baseline_proxy.py")]
     argv += ["--upstream-url", env.upstream_url, "--port", str(port)]
     argv += ["--alias", f"{HF_PATH}={SERVED}"]
-    child = spawn("baseline", argv, cpus=env.proxy_cpus, log=env.run_dir / "baseline.log")
+    name = "baseline-ll" if low_level else "baseline"
+    argv += ["--low-level"] if low_level else []
+    child = spawn(name, argv, cpus=env.proxy_cpus, log=env.run_dir / f"{name}.log")
     url = f"http://127.0.0.1:{port}"
     wait_until(lambda: _completion_ok(url, HF_PATH), child, 30, "aiohttp baseline")
     return Running(url, child, "aiohttp " + _version(python, "aiohttp"))
@@ -290,6 +293,13 @@ TARGETS: dict[str, Target] = {
             "minimal aiohttp proxy (uvloop)",
             True,
             start_baseline,
+            _need(ROOT / ".venv" / "bin" / "python", "bash scripts/test-env.sh"),
+        ),
+        Target(
+            "baseline-ll",
+            "minimal aiohttp proxy, low-level web_server.Server",
+            True,
+            functools.partial(start_baseline, low_level=True),
             _need(ROOT / ".venv" / "bin" / "python", "bash scripts/test-env.sh"),
         ),
         Target(

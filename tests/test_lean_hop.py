@@ -8,6 +8,7 @@ import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import pytest
@@ -22,9 +23,10 @@ from proxy.core.errors import (
     UpstreamUnreachable,
 )
 from proxy.upstream.body import HIGH_WATER
+from proxy.upstream.hop import HOP
 from proxy.upstream.lean import LeanClient
 from proxy.upstream.marks import QUEUED, REUSED
-from proxy.upstream.session import classify, closed_while_idle, never_connected
+from proxy.upstream.session import SESSION, classify, closed_while_idle, never_connected
 
 Script = Callable[["Peer"], Awaitable[None]]
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
@@ -508,3 +510,22 @@ def test_it_runs_on_uvloop_as_the_sidecar_does() -> None:
             return [await get(hop, upstream), await get(hop, upstream, "POST", data=b"{}")]
 
     assert uvloop.run(main()) == [b"ok", b"ab"]
+
+
+@pytest.mark.parametrize("choice", ["lean", "aiohttp"])
+async def test_the_proxied_requests_go_through_the_chosen_client(
+    make_sidecar: Callable[..., Awaitable[Any]], fake_upstream: str, choice: str
+) -> None:
+    sidecar = await make_sidecar(fake_upstream, upstream_client=choice)
+    hop = sidecar.app[HOP]
+    assert isinstance(hop, LeanClient) == (choice == "lean")
+    assert (hop is sidecar.app[SESSION]) == (choice == "aiohttp")
+    resp = await sidecar.client.post("/v1/completions", json={"model": "tiny-model"})
+    assert resp.status == 200
+    if choice == "lean":
+        assert len(hop.pool.all) == 1  # it went out on the lean pool
+
+
+@pytest.fixture
+def fake_upstream(upstream: Any) -> str:
+    return str(upstream.make_url(""))

@@ -6,6 +6,7 @@ would do. The sidecar must beat it (issue 6).
 """
 
 import argparse
+import asyncio
 import json
 
 import aiohttp
@@ -25,18 +26,20 @@ ALIASES = web.AppKey("aliases", dict[str, str])
 
 
 async def forward(request: web.Request) -> web.StreamResponse:
+    return await _forward(request, request.app)
+
+
+async def _forward(request: web.BaseRequest, app: web.Application) -> web.StreamResponse:
     body = await request.read()
     if body and request.content_type == "application/json":
         payload = json.loads(body)
         model = payload.get("model") if isinstance(payload, dict) else None
-        if model in request.app[ALIASES]:
-            payload["model"] = request.app[ALIASES][model]
+        if model in app[ALIASES]:
+            payload["model"] = app[ALIASES][model]
             body = json.dumps(payload).encode()
     headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-    url = request.app[UPSTREAM] + request.path_qs
-    async with request.app[SESSION].request(
-        request.method, url, headers=headers, data=body
-    ) as upstream:
+    url = app[UPSTREAM] + request.path_qs
+    async with app[SESSION].request(request.method, url, headers=headers, data=body) as upstream:
         response = web.StreamResponse(status=upstream.status)
         for k, v in upstream.headers.items():
             if k.lower() not in HOP_BY_HOP:
@@ -48,11 +51,36 @@ async def forward(request: web.Request) -> web.StreamResponse:
         return response
 
 
+async def _low_level(args: argparse.Namespace, app: web.Application) -> None:
+    """--low-level: the same handler under aiohttp's low-level `web_server.Server`: no
+    Application, router, middleware chain or signals (measured for issue 21)."""
+    from aiohttp import web_server
+
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0),
+        timeout=aiohttp.ClientTimeout(total=None, connect=10),
+        auto_decompress=False,
+    ) as session:
+        app[SESSION] = session
+
+        async def handler(request: web.BaseRequest) -> web.StreamResponse:
+            return await _forward(request, app)
+
+        server = web_server.Server(handler, client_max_size=64 * 1024 * 1024)
+        runner = web.ServerRunner(server, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", args.port).start()
+        await asyncio.Event().wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--upstream-url", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--alias", action="append", default=[], help="FROM=TO")
+    parser.add_argument(
+        "--low-level", action="store_true", help="web_server.Server, no Application"
+    )
     args = parser.parse_args()
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[UPSTREAM] = args.upstream_url.rstrip("/")
@@ -67,6 +95,9 @@ def main() -> None:
         yield
         await app[SESSION].close()
 
+    if args.low_level:
+        uvloop.run(_low_level(args, app))
+        return
     app.cleanup_ctx.append(session_ctx)
     app.router.add_route("*", "/{tail:.*}", forward)
     loop = uvloop.new_event_loop()

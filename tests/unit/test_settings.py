@@ -178,3 +178,13 @@ def test_bad_lifecycle_settings_exit_2(args: list[str], says: str) -> None:
     proc = _cli(*args)
     assert proc.returncode == 2
     assert says in proc.stderr.strip().splitlines()[-1], proc.stderr
+
+
+def test_upstream_client_choice() -> None:
+    assert load([]).upstream_client == "aiohttp"
+    assert load(["--upstream-client", "lean"]).upstream_client == "lean"
+    proc = subprocess.run(
+        [sys.executable, "-m", "proxy", "--upstream-client", "curl"], capture_output=True
+    )
+    assert proc.returncode == 2
+    assert b"upstream" in proc.stderr
