@@ -475,7 +475,8 @@ async def test_an_idle_connection_is_dropped_after_keepalive(serve: Callable) ->
     async with client(upstream) as hop:
         hop.pool._keepalive = 0.1
         assert await get(hop, upstream) == b"ok"
-        await asyncio.sleep(0.15)
+        await asyncio.sleep(0.3)
+        assert hop.pool.all == set()  # closed by then, not only when the next request looks
         assert await get(hop, upstream) == b"ok"
     assert len(upstream.peers) == 2
 

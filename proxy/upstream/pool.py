@@ -35,6 +35,7 @@ class Pool:
         self._waiters: deque[asyncio.Future[Connection | None]] = deque()
         self.count = 0  # open or opening
         self.all: set[Connection] = set()
+        self._sweep: asyncio.TimerHandle | None = None
 
     async def acquire(self) -> Connection:
         idle = self._idle
@@ -69,12 +70,28 @@ class Pool:
             if not waiter.done():
                 waiter.set_result(conn)
                 return
-        self._idle.append((asyncio.get_running_loop().time(), conn))
+        loop = asyncio.get_running_loop()
+        if not self._idle and self._sweep is None:
+            self._sweep = loop.call_later(self._keepalive, self._swept)
+        self._idle.append((loop.time(), conn))
 
     def close(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         for conn in list(self.all):
             conn.abort()
         self._idle.clear()
+
+    def _swept(self) -> None:
+        """A connection left idle past the keep-alive is closed then, as aiohttp's pool does,
+        not only when the next request looks (one timer for the pool, not one per request)."""
+        self._sweep = None
+        loop = asyncio.get_running_loop()
+        self._expire(loop.time())
+        if self._idle:
+            wait = self._idle[0][0] + self._keepalive - loop.time()
+            self._sweep = loop.call_later(max(wait, 0.05), self._swept)
 
     def _expire(self, now: float) -> None:
         idle = self._idle
