@@ -7,7 +7,7 @@ SKYRL04_BIN := .venv-skyrl04/bin
 PORT ?= 8080
 UPSTREAM ?= http://127.0.0.1:8000
 
-.PHONY: run demo test test-env lint unit mutate bench clean
+.PHONY: run demo test test-env lint unit faults-aiohttp mutate bench clean
 
 ## Install the sidecar and run it in front of UPSTREAM (default http://127.0.0.1:8000).
 run: $(BIN)/vllm-sidecar
@@ -33,11 +33,16 @@ lint: test-env
 ## The full suite, as CI runs it: the 3.11 suite, then the skyrl 0.4 tests on 3.12.
 test: test-env lint
 	$(BIN)/pytest
+	$(MAKE) faults-aiohttp
 	$(SKYRL04_BIN)/pytest tests/skyrl04
 
 ## Fast loop for development: no real vLLM.
 unit:
 	$(BIN)/pytest -m "not vllm"
+
+## The fault suite once more with aiohttp's client on the proxied path (--upstream-client aiohttp).
+faults-aiohttp: test-env
+	VLLM_SIDECAR_UPSTREAM_CLIENT=aiohttp $(BIN)/pytest tests/reliability tests/test_upstream_guards.py tests/test_forward.py tests/test_failures.py
 
 ## Mutation testing of the pure modules by the unit tests (minutes; not in CI): docs/testing.md.
 mutate:

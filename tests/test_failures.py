@@ -44,7 +44,9 @@ async def test_read_timeout_is_504(
 
 
 async def test_reset_before_headers_is_502(sidecar: Sidecar, fake: FakeVLLM) -> None:
-    # A kept-alive connection closed unanswered may be vLLM's idle close: sent again, once.
+    # A kept-alive connection closed unanswered may be vLLM's idle close: sent again, once. The
+    # first request leaves a kept-alive connection (the proxy's pool need not be the checks').
+    assert (await sidecar.client.get("/v1/models")).status == 200
     fake.script("POST /v1/completions", raw(b""), times=2)
     resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
     await assert_envelope(resp, 502, "upstream_disconnected")

@@ -63,7 +63,7 @@ class Settings(BaseSettings):
         96 * MiB, gt=0, description="request and response bodies held whole, all requests together"
     )
     upstream_client: Literal["lean", "aiohttp"] = Field(
-        "aiohttp", description="the proxied requests' upstream client: lean (llhttp) or aiohttp"
+        "lean", description="the proxied requests' upstream client: lean (llhttp) or aiohttp"
     )
     max_connections: int = Field(0, ge=0, description="upstream connection pool size (0: no limit)")
     pool_timeout: float = Field(

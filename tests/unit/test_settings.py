@@ -181,8 +181,8 @@ def test_bad_lifecycle_settings_exit_2(args: list[str], says: str) -> None:
 
 
 def test_upstream_client_choice() -> None:
-    assert load([]).upstream_client == "aiohttp"
-    assert load(["--upstream-client", "lean"]).upstream_client == "lean"
+    assert load([]).upstream_client == "lean"
+    assert load(["--upstream-client", "aiohttp"]).upstream_client == "aiohttp"
     proc = subprocess.run(
         [sys.executable, "-m", "proxy", "--upstream-client", "curl"], capture_output=True
     )
