@@ -1,1 +1,1 @@
-"""The upstream side: the vLLM session, served-name discovery, the engine probe."""
+"""The upstream side: the vLLM session, the lean hop, served-name discovery, the engine probe."""
