@@ -404,6 +404,22 @@ async def test_an_invalid_status_line_is_an_invalid_response(serve: Callable) ->
     assert where(caught.value) is UpstreamInvalidResponse
 
 
+async def test_a_runaway_head_is_an_invalid_response(serve: Callable) -> None:
+    async def runaway(peer: Peer) -> None:
+        await peer.request()
+        peer.send(b"HTTP/1.1 200 OK\r\n")
+        for _ in range(100):
+            peer.send(b"X-Filler: " + b"f" * 4000 + b"\r\n")
+            await peer.writer.drain()
+        await peer.reader.read()
+
+    upstream = await serve(runaway)
+    async with client(upstream) as hop:
+        with pytest.raises(aiohttp.ClientResponseError) as caught:
+            await get(hop, upstream)
+    assert where(caught.value) is UpstreamInvalidResponse
+
+
 async def test_headers_slower_than_the_read_timeout(serve: Callable) -> None:
     async def slow(peer: Peer) -> None:
         await peer.request()

@@ -22,6 +22,11 @@ from .body import Body
 
 log = logging.getLogger("proxy.upstream")
 
+# A response head (interim ones included) past this is refused as invalid: aiohttp's parser
+# refuses a line or field over 8 KiB; llhttp has no bound of its own, so a runaway upstream
+# would grow the sidecar's memory instead.
+MAX_HEAD = 256 << 10
+
 
 @dataclass(slots=True)
 class Head:
@@ -49,6 +54,7 @@ class Connection(asyncio.Protocol):
         self._parser: httptools.HttpResponseParser | None = None
         self._head: asyncio.Future[Head] | None = None
         self._fields: list[tuple[str, str]] = []
+        self._head_bytes = 0
         self._body: Body | None = None
         self._framed = True  # the answer's end is told by its framing, not by a close
         self._interim = False
@@ -66,7 +72,7 @@ class Connection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self._parser = httptools.HttpResponseParser(self)
         self._head = loop.create_future()
-        self._body, self._fields, self.keep = None, [], False
+        self._body, self._fields, self.keep, self._head_bytes = None, [], False, 0
         self._no_body, self._interim = method == "HEAD", False
         self.method, self.url, self._read_timeout = method, url, read_timeout
         self._waiting = True
@@ -131,6 +137,11 @@ class Connection(asyncio.Protocol):
             self.abort()
             return
         assert self._parser is not None
+        if self._body is None:  # still in the head, which llhttp does not bound
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD:
+                self._invalid(httptools.HttpParserError(f"a response head over {MAX_HEAD} bytes"))
+                return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
