@@ -58,9 +58,16 @@ async def _respond(request: web.Request, rec: RequestRecord) -> web.StreamRespon
         if app[IN_FLIGHT].draining:
             raise ShuttingDown(_REFUSED)
         _check_target(request)
-        limit = app[OPTIONS].max_body_bytes
+        options = app[OPTIONS]
         lifecycle = admission(request, rec)  # engine lifecycle: the token, a hold deadline
-        body = await read_request(request, rec, discovery, metrics, limit)
+        body = await read_request(
+            request,
+            rec,
+            discovery,
+            metrics,
+            options.max_body_bytes,
+            bounded_pool=options.max_connections > 0,
+        )
         async with lifecycle:  # a data request's hold; the phase a control call enters
             return await call_upstream(request, rec, body)
     except SidecarFailure as failure:

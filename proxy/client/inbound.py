@@ -81,7 +81,13 @@ def _outgoing(body: bytes) -> bytes | StreamedBody:
 
 
 async def read_request(
-    request: web.Request, rec: RequestRecord, discovery: Discovery, metrics: Metrics, limit: int
+    request: web.Request,
+    rec: RequestRecord,
+    discovery: Discovery,
+    metrics: Metrics,
+    limit: int,
+    *,
+    bounded_pool: bool = False,
 ) -> bytes | StreamedBody:
     """The body to forward, with only its `model` value replaced by the served name.
 
@@ -89,8 +95,22 @@ async def read_request(
     first) is not stored: its head is rewritten and the rest streams through as it arrives,
     so megabytes of token ids cost no extra round of waiting. (A second `model` key further
     on is then vLLM's to judge.)
+
+    With a `bounded_pool` (--max-connections), a body the memory budget can hold is read whole
+    first, as nginx does (`proxy_request_buffering on`): a streamed one holds a pooled
+    connection for as long as its client takes to send it, and a few clients that stall half
+    way would hold them all. Only what the budget cannot hold streams.
     """
     length, json_body = request.content_length, _wants_model(request)
+    if (
+        bounded_pool
+        and length is not None
+        and STREAM_FROM < length <= limit
+        and request.app[BUDGET].try_hold(length)
+    ):
+        body = await read_body(request, limit)
+        field = await _locate(scan_model(body)) if body and json_body else None
+        return _outgoing(await _resolved(body, field, rec, discovery, metrics))
     if length is not None and STREAM_FROM < length <= limit and not json_body:
         return StreamedBody(b"", request.content, length)  # nothing to find in it: straight on
     if length is None or length <= STREAM_FROM or not json_body or length > limit:

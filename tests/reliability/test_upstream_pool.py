@@ -11,7 +11,15 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from tests.fake_vllm import FakeVLLM, hang
-from tests.sidecar import COMPLETION, MakeSidecar, StartSidecar, assert_envelope, failures
+from tests.metrics import scrape
+from tests.sidecar import (
+    COMPLETION,
+    MakeSidecar,
+    StartSidecar,
+    admin_of,
+    assert_envelope,
+    failures,
+)
 from tests.support import eventually
 
 MiB = 1 << 20
@@ -199,24 +207,60 @@ async def test_wait_for_a_pooled_connection_is_bounded(
     holder.cancel()
 
 
-async def test_stalled_body_does_not_hold_the_pool(
+async def _stall(url: str, body: bytes, sent: int) -> asyncio.StreamWriter:
+    """A client that sends the head and `sent` bytes of `body`, then nothing."""
+    host, port = url.removeprefix("http://").split(":")
+    _, writer = await asyncio.open_connection(host, int(port))
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    writer.write(head + b"Content-Length: %d\r\n\r\n" % len(body) + body[:sent])
+    await writer.drain()
+    return writer
+
+
+_LARGE = b'{"model": "tiny-model", "prompt": "' + b"x" * (2 * MiB) + b'"}'
+
+
+async def test_stalled_bodies_do_not_take_a_bounded_pool(
     upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
 ) -> None:
-    """A client that stops half way through a streamed body lets its pooled connection go."""
+    """With --max-connections, a body the budget can hold is read whole before a pooled
+    connection is taken (nginx's `proxy_request_buffering on`): two clients that stop 70 KB
+    into 2 MiB bodies hold none of the two, and a third request is answered at once."""
+    proc, url = await start_sidecar(
+        str(upstream.make_url("")),
+        "--max-connections", "2", "--pool-timeout", "1", "--health-interval", "3600",
+    )  # fmt: skip
+    stalled = [await _stall(url, _LARGE, 70_000) for _ in range(2)]
+
+    async def both_in() -> bool:
+        metrics = await scrape(admin_of(proc))
+        return metrics.value("vllm_sidecar_in_flight_requests", {"route": "/v1/completions"}) == 2
+
+    await eventually(both_in, "both stalled requests are in")
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/v1/completions", json=COMPLETION) as resp:
+            assert resp.status == 200, await resp.text()
+    assert fake.arriving.count("/v1/completions") == 1  # the third: the stalled went nowhere
+    metrics = await scrape(admin_of(proc))
+    assert metrics.value("vllm_sidecar_buffered_bytes", {}) == 2 * len(_LARGE)
+    for writer in stalled:
+        writer.close()
+
+
+async def test_a_body_past_the_budget_streams_and_a_stall_lets_its_connection_go(
+    upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
+) -> None:
+    """A body the memory budget cannot hold streams through on a pooled connection taken early;
+    when its client stops half way, the body timeout lets that connection go."""
     _, url = await start_sidecar(
         str(upstream.make_url("")),
         "--max-connections", "1", "--client-body-timeout", "0.5", "--health-interval", "3600",
+        "--buffer-budget-bytes", str(MiB),
     )  # fmt: skip
-    host, port = url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    body = b'{"model": "tiny-model", "prompt": "' + b"x" * (2 * MiB) + b'"}'
-    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-    writer.write(head + b"Content-Length: %d\r\n\r\n" % len(body) + body[: MiB + 100])
-    await writer.drain()
+    writer = await _stall(url, _LARGE, MiB + 100)
     # Its head is upstream, holding the one connection.
     await eventually(lambda: "/v1/completions" in fake.arriving, "the head is upstream")
     async with aiohttp.ClientSession() as session:
         resp = await asyncio.wait_for(session.get(f"{url}/v1/models"), 10)
         assert resp.status == 200, await resp.text()
-    assert await asyncio.wait_for(reader.read(), 5) == b""
     writer.close()
