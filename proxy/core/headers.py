@@ -36,6 +36,19 @@ _REQUEST_DROP = HOP_BY_HOP | {istr("Host"), istr("Content-Length"), istr("Expect
 _RESPONSE_DROP = HOP_BY_HOP
 
 
+# The encodings aiohttp's server inflates as it reads a request body (http_parser.py: exactly
+# one of these, case-insensitive). The handler sees the inflated bytes, which are what the
+# sidecar forwards: the label goes, since the body it named is gone.
+INFLATED = frozenset(("gzip", "deflate", "br", "zstd"))
+
+
+def inflated(headers: MultiMapping[str]) -> bool:
+    """Whether the request's body reached the handler inflated (its Content-Encoding is one
+    the server decodes); any other encoding is relayed as sent, label and bytes."""
+    encoding = headers.get("Content-Encoding", "")
+    return encoding.isascii() and encoding.lower() in INFLATED
+
+
 def _connection_tokens(headers: MultiMapping[str]) -> set[istr]:
     # RFC 9110 section 7.6.1: fields named by Connection are hop-by-hop too.
     return {
@@ -83,6 +96,8 @@ def upstream_request_headers(
     host: str | None,
 ) -> CIMultiDict[str]:
     out = _filtered(headers, _REQUEST_DROP)
+    if inflated(headers):
+        out.popall("Content-Encoding")
     forwarded_for = ", ".join(v for v in (*headers.getall("X-Forwarded-For", ()), client_ip) if v)
     if forwarded_for:
         out["X-Forwarded-For"] = forwarded_for
