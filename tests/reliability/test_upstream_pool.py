@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import struct
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -106,8 +108,10 @@ class IdleClosingUpstream:
     connection crossing its next request on the wire. GETs (the health checks) are answered
     and closed, so that only the POSTs reuse connections."""
 
-    def __init__(self, answers: int) -> None:
+    def __init__(self, answers: int, *, reset: bool = False, then_down: bool = False) -> None:
         self.answers = answers
+        self.reset = reset  # the unanswered request gets a reset (RST), not a close (FIN)
+        self.then_down = then_down  # and the server stops listening as it drops it
         self.answered: list[str] = []
         self.unanswered: list[str] = []
         self.server: asyncio.Server | None = None
@@ -125,6 +129,13 @@ class IdleClosingUpstream:
                     return
                 if served == self.answers:
                     self.unanswered.append(rid)
+                    if self.then_down and self.server is not None:
+                        self.server.close()
+                    if self.reset:
+                        linger = struct.pack("ii", 1, 0)  # closed at once: an RST
+                        writer.get_extra_info("socket").setsockopt(
+                            socket.SOL_SOCKET, socket.SO_LINGER, linger
+                        )
                     return
                 served += 1
                 self.answered.append(rid)
@@ -141,8 +152,8 @@ class IdleClosingUpstream:
         return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
 
-async def idle_closing(answers: int) -> IdleClosingUpstream:
-    upstream = IdleClosingUpstream(answers)
+async def idle_closing(answers: int, **faults: bool) -> IdleClosingUpstream:
+    upstream = IdleClosingUpstream(answers, **faults)
     upstream.server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
     return upstream
 
@@ -168,6 +179,50 @@ async def test_a_request_that_meets_vllm_closing_an_idle_connection_is_sent_agai
         assert resp.status == 200, await resp.text()
     assert upstream.unanswered == [*ids[1:], "pause"]  # each met a closing connection once
     assert upstream.answered == [*ids, "pause"]  # and was answered on a new one
+
+
+async def test_a_reset_on_a_reused_connection_is_not_sent_again(
+    make_sidecar: MakeSidecar,
+) -> None:
+    """uvicorn's idle close is a FIN, and a request crossing it meets at worst the RST of a
+    closed socket (EPIPE); a reset of an open connection (ECONNRESET) came from a vLLM that had
+    the request, and may have run it: the client gets its 502, and vLLM saw the request once
+    (the chaos run found such requests run twice)."""
+    upstream = await idle_closing(answers=1, reset=True)
+    async with upstream.server:  # type: ignore[union-attr]
+        sidecar = await make_sidecar(
+            upstream.url, ready=False, served_model_names=["tiny-model"], health_interval=3600
+        )
+        first = await sidecar.client.post("/v1/completions", json=COMPLETION)
+        assert first.status == 200
+        resp = await sidecar.client.post(
+            "/v1/completions", json=COMPLETION, headers={"X-Request-Id": "reset"}
+        )
+        await assert_envelope(resp, 502, "upstream_disconnected")
+    assert upstream.unanswered == ["reset"]
+    assert len(upstream.answered) == 1
+
+
+async def test_a_resend_that_finds_vllm_gone_reports_the_drop_not_an_unsent_request(
+    make_sidecar: MakeSidecar,
+) -> None:
+    """A request whose reused connection closed unanswered is sent again; when vLLM went down
+    with it, the new connection is refused. vLLM may have had the request, so the client is told
+    the connection dropped (`upstream_disconnected`), never `upstream_unreachable`, which says
+    that nothing was sent."""
+    upstream = await idle_closing(answers=1, then_down=True)
+    async with upstream.server:  # type: ignore[union-attr]
+        sidecar = await make_sidecar(
+            upstream.url, ready=False, served_model_names=["tiny-model"], health_interval=3600
+        )
+        first = await sidecar.client.post("/v1/completions", json=COMPLETION)
+        assert first.status == 200
+        resp = await sidecar.client.post(
+            "/v1/completions", json=COMPLETION, headers={"X-Request-Id": "gone"}
+        )
+        err = await assert_envelope(resp, 502, "upstream_disconnected")
+        assert "sent again" in err["message"]
+    assert upstream.unanswered == ["gone"]
 
 
 async def test_a_connection_of_its_own_closed_unanswered_is_not_sent_again(
