@@ -1,0 +1,309 @@
+"""The checks over a chaos run's ledger, the fake vLLM's own record and the sidecar's metrics.
+
+Each check returns its problems, one line per request (seq and request id first), so a failure
+names the ledger lines to look at. Where a ledger entry cannot know what the sidecar counted (a
+worker killed while the request was in flight, a hang-up racing a vLLM restart), the entry is
+*ambiguous*: it may be counted or not, and the counters are checked to lie between the certain
+count and the certain count plus the ambiguous ones; every other entry is counted exactly.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.metrics import Samples
+
+from .ledger import ANSWERED, HUNG_UP, LOST, Entry
+from .upstream import Sent
+
+ENVELOPE_KEYS = {"message", "type", "param", "code", "source", "reason", "retryable", "request_id"}
+# What chaos may fairly produce; `internal_error` (the sidecar's bare 500) never.
+REASONS = {
+    "upstream_status",
+    "upstream_disconnected",
+    "upstream_unreachable",
+    "upstream_invalid_response",
+    "upstream_stream_error",
+}
+# Seconds after its end at the client a request's count may still be on its way in its worker:
+# a hang-up's 499 is counted once the worker notices; an answer just after its last byte.
+PAD_HUNG_UP, PAD_ANSWERED = 2.0, 0.5
+Label = tuple[str, ...]
+
+
+@dataclass
+class Check:
+    name: str
+    problems: list[str] = field(default_factory=list)
+    detail: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+
+def _id(e: Entry) -> str:
+    return f"#{e.seq} {e.rid} {e.kind} {e.path}"
+
+
+def route(e: Entry) -> str:
+    return e.path.split("?")[0]
+
+
+def error_of(e: Entry) -> dict[str, Any] | None:
+    """The envelope (or vLLM's error) a failed request or stream ended with."""
+    if isinstance(e.body, dict) and isinstance(e.body.get("error"), dict):
+        return e.body["error"]
+    errors = [ev["error"] for ev in e.events if isinstance(ev, dict) and "error" in ev]
+    return errors[-1] if errors else None
+
+
+def chunks(e: Entry) -> list[dict[str, Any]]:
+    return [ev for ev in e.events if isinstance(ev, dict) and "choices" in ev]
+
+
+def is_sse(e: Entry) -> bool:
+    return e.outcome == ANSWERED and e.headers.get("Content-Type", "").startswith(
+        "text/event-stream"
+    )
+
+
+def own_answers(entries: Iterable[Entry], sent: dict[str, Sent]) -> Check:
+    """Every answer is its own request's: its request id, its nonce, its error body."""
+    check = Check("each answer belongs to its own request")
+    for e in entries:
+        if e.outcome != ANSWERED:
+            continue
+        if e.headers.get("X-Request-Id") != e.rid:
+            check.problems.append(f"{_id(e)}: X-Request-Id {e.headers.get('X-Request-Id')}")
+        answers = chunks(e) if is_sse(e) else [e.body] if isinstance(e.body, dict) else []
+        for answer in answers:
+            if "choices" not in answer:
+                continue
+            texts = {c["text"] for c in answer["choices"]} - {""}
+            if answer["id"] != f"cmpl-{e.rid}" or texts - {f" {e.nonce}"}:
+                check.problems.append(f"{_id(e)}: got {answer['id']} {sorted(texts)}")
+        err = error_of(e)
+        if err is not None and "request_id" in err and err["request_id"] != e.rid:
+            check.problems.append(f"{_id(e)}: envelope of {err['request_id']}")
+        if err is not None and err.get("reason") == "upstream_status":
+            mine = sent.get(e.rid)
+            got = (err.get("upstream") or {}).get("body")
+            if mine is None or got != mine.body:
+                check.problems.append(f"{_id(e)}: upstream body {got!r} is not the one vLLM sent")
+        relayed = err is not None and err.get("reason") == "upstream_status"
+        if e.kind == "bad" and relayed and f"got {e.tokens}." not in err["message"]:
+            check.problems.append(f"{_id(e)}: vLLM's 400 for max_tokens={e.tokens} not relayed")
+    return check
+
+
+def failures_are_envelopes(entries: Iterable[Entry]) -> Check:
+    """Every non-2xx is the envelope, with its reason in the header; no bare 500, no HTML."""
+    check = Check("every failure is an envelope or an SSE error event")
+    for e in entries:
+        if e.outcome != ANSWERED or e.status is None:
+            continue
+        if e.status < 400:
+            if not is_sse(e) and not isinstance(e.body, dict):
+                check.problems.append(f"{_id(e)}: {e.status} with a body that is not JSON")
+            continue
+        err = e.body.get("error") if isinstance(e.body, dict) else None
+        if not isinstance(err, dict) or not ENVELOPE_KEYS <= set(err):
+            check.problems.append(f"{_id(e)}: {e.status} is not an envelope: {str(e.body)[:200]}")
+            continue
+        if err["code"] != e.status or e.headers.get("X-Sidecar-Error") != err["reason"]:
+            check.problems.append(f"{_id(e)}: code {err['code']}, header {e.headers}")
+        if err["reason"] not in REASONS:
+            check.problems.append(f"{_id(e)}: reason {err['reason']}: {err['message'][:200]}")
+    return check
+
+
+def streams_end_properly(entries: Iterable[Entry]) -> Check:
+    """A stream ends with [DONE] after whole events (all the tokens asked, unless vLLM aborted
+    it), or with one error event and [DONE]; a JSON answer is whole. Nothing silently short."""
+    check = Check("no silent truncation: streams end with [DONE] or an error event")
+    for e in entries:
+        if e.outcome != ANSWERED or e.status != 200:
+            continue
+        if not is_sse(e):
+            if e.method == "POST" and e.kind != "control":
+                _whole_json(e, check)
+            continue
+        events = list(e.events)
+        while events and isinstance(events[-1], dict) and "named" in events[-1]:
+            events.pop()  # `event: weight_version` comes after vLLM's [DONE] (lifecycle.md)
+        bad = [ev for ev in events if isinstance(ev, str) and ev.startswith("!")]
+        if e.body is not None or bad or events.count("[DONE]") != 1 or events[-1:] != ["[DONE]"]:
+            check.problems.append(f"{_id(e)}: stream ends {events[-2:]} {bad[:1]} {e.body!r}")
+            continue
+        if error_of(e) is not None:
+            if not (isinstance(events[-2], dict) and "error" in events[-2]):
+                check.problems.append(f"{_id(e)}: events after the error event")
+            continue
+        finishes = [c["finish"] for ev in chunks(e) for c in ev["choices"] if c["finish"]]
+        texts = [c for ev in chunks(e) for c in ev["choices"] if c["text"]]
+        whole = finishes == ["length"] and len(texts) == e.tokens
+        if not (whole or finishes == ["abort"]):
+            check.problems.append(f"{_id(e)}: {len(texts)} of {e.tokens} tokens, ends {finishes}")
+    return check
+
+
+def _whole_json(e: Entry, check: Check) -> None:
+    body = e.body
+    if not isinstance(body, dict) or len(body.get("choices", [])) != 1:
+        check.problems.append(f"{_id(e)}: 200 JSON is not one completion: {str(body)[:200]}")
+    elif body["choices"][0]["finish"] not in ("length", "abort"):
+        check.problems.append(f"{_id(e)}: finish {body['choices'][0]['finish']}")
+
+
+def ran_what_was_answered(
+    entries: Iterable[Entry], sent: dict[str, Sent], dupes: list[str]
+) -> Check:
+    """A 200 only for a generation vLLM ran to that end; a `not sent` only for one it never
+    saw; a hang-up's generation cancelled; no request sent twice."""
+    check = Check("nothing vLLM did not run is reported as run")
+    check.problems += [f"{rid}: reached vLLM twice" for rid in dupes]
+    for e in entries:
+        mine = sent.get(e.rid)
+        if e.kind == "control":
+            continue
+        state = mine.state if mine else None
+        if e.outcome == ANSWERED and e.status == 200 and error_of(e) is None:
+            answers = chunks(e) if is_sse(e) else [e.body]
+            finish = [c["finish"] for a in answers for c in a["choices"] if c["finish"]]
+            want = "aborted" if finish == ["abort"] else "done"
+            if state != want:
+                check.problems.append(f"{_id(e)}: answered {finish}, vLLM's record: {state}")
+        err = error_of(e)
+        if err is not None and err.get("reason") == "upstream_unreachable" and mine is not None:
+            check.problems.append(f"{_id(e)}: 'not sent', yet vLLM got it ({state})")
+        if e.kind == "hangup_body" and mine is not None:
+            check.problems.append(f"{_id(e)}: half a body reached vLLM whole ({state})")
+        if e.kind in ("hangup_wait", "hangup_stream") and e.outcome == HUNG_UP and mine:
+            if state not in ("cancelled",):
+                check.problems.append(f"{_id(e)}: the client left, vLLM's generation {state}")
+    return check
+
+
+def lost_only_to_kills(entries: Iterable[Entry], kills: list[float]) -> Check:
+    """A request may be lost without an answer only with the worker that held it."""
+    check = Check("a request is lost only with a killed worker")
+    for e in entries:
+        if e.outcome == LOST and not any(e.sent <= k <= e.ended for k in kills):
+            check.problems.append(f"{_id(e)}: lost ({e.error}) with no worker killed meanwhile")
+    return check
+
+
+Span = tuple[float, float]  # seconds into the run: a kill (a moment) or vLLM down (a while)
+
+
+def near(e: Entry, spans: list[Span]) -> bool:
+    """Whether the request, or its count on the way after it, overlapped one of `spans`."""
+    pad = PAD_HUNG_UP if e.outcome == HUNG_UP else PAD_ANSWERED
+    return any(e.sent <= end and begin <= e.ended + pad for begin, end in spans)
+
+
+def expected_counts(
+    entries: Iterable[Entry], kills: list[Span], restarts: list[Span]
+) -> tuple[Counter[Label], Counter[Label], Counter[Label], Counter[str]]:
+    """From the ledger: certain request counts by (route, method, status), certain failure
+    counts by (route, source, reason, status), ambiguous requests by route (any label of it),
+    and certain client disconnects by route."""
+    requests: Counter[Label] = Counter()
+    failures: Counter[Label] = Counter()
+    maybe: Counter[Label] = Counter()
+    gone: Counter[str] = Counter()
+    for e in entries:
+        hung = e.outcome == HUNG_UP
+        if e.outcome == LOST or near(e, kills) or (hung and near(e, restarts)):
+            maybe[(route(e),)] += 1
+            continue
+        # A hang-up mid-stream is counted with the 200 it had; one before any answer as 499.
+        status = e.status if e.status is not None else 499
+        requests[(route(e), e.method, str(status))] += 1
+        if hung:
+            gone[route(e)] += 1
+        elif (err := error_of(e)) is not None and "reason" in err:
+            failures[(route(e), err["source"], err["reason"], str(err["code"]))] += 1
+        elif err is not None:  # vLLM's own in-stream error event, relayed
+            failures[(route(e), "upstream", "upstream_stream_error", str(err["code"]))] += 1
+    return requests, failures, maybe, gone
+
+
+def counters_match(
+    entries: list[Entry], samples: Samples, kills: list[Span], restarts: list[Span]
+) -> Check:
+    requests, failures, maybe, gone = expected_counts(entries, kills, restarts)
+    ambiguous = sum(maybe.values())
+    detail = f"{sum(requests.values())} requests counted exactly, {ambiguous} ambiguous"
+    check = Check("the sidecar's counters equal the ledger's", detail=detail)
+    _compare(
+        check,
+        "vllm_sidecar_requests_total",
+        ("route", "method", "status"),
+        requests,
+        samples,
+        maybe,
+    )
+    _compare(
+        check,
+        "vllm_sidecar_failures_total",
+        ("route", "source", "reason", "status"),
+        failures,
+        samples,
+        maybe,
+    )
+    disconnects = Counter({(r,): n for r, n in gone.items()})
+    _compare(
+        check, "vllm_sidecar_client_disconnects_total", ("route",), disconnects, samples, maybe
+    )
+    return check
+
+
+def _compare(
+    check: Check,
+    name: str,
+    keys: tuple[str, ...],
+    want: Counter[Label],
+    samples: Samples,
+    maybe: Counter[Label],
+) -> None:
+    """certain <= counted <= certain + ambiguous, per label set; exact where none is ambiguous.
+    The ambiguous requests of a route are shared by its label sets: the excess over all of
+    them together is bounded too."""
+    got: Counter[Label] = Counter()
+    for (sample, labels), value in samples.values.items():
+        if sample == name:
+            ls = dict(labels)
+            got[tuple(ls[k] for k in keys)] += int(value)
+    excess: Counter[str] = Counter()
+    for label in set(got) | set(want):
+        slack = maybe[(label[0],)]
+        if not want[label] <= got[label] <= want[label] + slack:
+            check.problems.append(
+                f"{name}{label}: ledger {want[label]} (+{slack} ambiguous), sidecar {got[label]}"
+            )
+        excess[label[0]] += got[label] - want[label]
+    for r, extra in excess.items():
+        if extra > maybe[(r,)]:
+            check.problems.append(
+                f"{name} {r}: {extra} more than the ledger's, {maybe[(r,)]} ambiguous"
+            )
+
+
+def settled(samples: Samples, kills: int) -> Check:
+    check = Check("the pod settles: nothing in flight or held, every killed worker replaced")
+    wanted = {
+        "vllm_sidecar_in_flight_requests": 0,
+        "vllm_sidecar_held_requests": 0,
+        "vllm_sidecar_worker_restarts_total": kills,
+        "vllm_sidecar_workers": 2,
+    }
+    for name, value in wanted.items():
+        got = sum(v for (n, _), v in samples.values.items() if n == name)
+        if got != value:
+            check.problems.append(f"{name}: {got}, expected {value}")
+    return check
