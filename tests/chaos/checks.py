@@ -32,6 +32,7 @@ REASONS = {
 # a hang-up's 499 is counted once the worker notices; an answer just after its last byte.
 PAD_HUNG_UP, PAD_ANSWERED = 2.0, 0.5
 Label = tuple[str, ...]
+Span = tuple[float, float]  # seconds into the run: a kill (signal to gone), vLLM down
 
 
 @dataclass
@@ -188,16 +189,16 @@ def ran_what_was_answered(
     return check
 
 
-def lost_only_to_kills(entries: Iterable[Entry], kills: list[float]) -> Check:
-    """A request may be lost without an answer only with the worker that held it."""
+def lost_only_to_kills(entries: Iterable[Entry], kills: list[Span]) -> Check:
+    """A request may be lost without an answer only with the worker that held it: one killed
+    (from its SIGKILL until it was gone) while the request was in flight."""
     check = Check("a request is lost only with a killed worker")
     for e in entries:
-        if e.outcome == LOST and not any(e.sent <= k <= e.ended for k in kills):
+        if e.outcome == LOST and not any(
+            e.sent <= end and begin <= e.ended for begin, end in kills
+        ):
             check.problems.append(f"{_id(e)}: lost ({e.error}) with no worker killed meanwhile")
     return check
-
-
-Span = tuple[float, float]  # seconds into the run: a kill (a moment) or vLLM down (a while)
 
 
 def near(e: Entry, spans: list[Span]) -> bool:

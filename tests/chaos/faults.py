@@ -140,10 +140,12 @@ class Chaos:
         victim = self.rng.choice(workers)
         self.ledger.happened("kill", pid=victim)
         os.kill(victim, signal.SIGKILL)
+        # Until it is gone its listener may still take a connection (and reset it): the kill
+        # lasts from the signal to then.
+        await eventually(lambda: victim not in children(self.supervisor), "the worker died", 60)
+        self.ledger.happened("dead", pid=victim)
         await eventually(
-            lambda: victim not in (now := children(self.supervisor)) and len(now) == 2,
-            "the supervisor starts another worker",
-            within=60,
+            lambda: len(children(self.supervisor)) == 2, "the supervisor starts another", 60
         )
         await eventually(self._both_listen, "both workers listen", within=60, every=0.1)
         [new] = set(children(self.supervisor)) - set(workers)

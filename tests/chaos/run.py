@@ -202,20 +202,25 @@ def judge(
     ledger: Ledger, fake: ChaosVLLM, samples: Samples, resources: dict[int, dict[str, int]]
 ) -> list[checks.Check]:
     entries = ledger.entries
-    kills = [e["at"] for e in ledger.events if e["what"] == "kill"]
-    downs = [e["at"] for e in ledger.events if e["what"] == "restart"]
-    ups = [e["at"] for e in ledger.events if e["what"] == "restarted"]
-    restarts = list(zip(downs, ups, strict=True))
+    kills = _spans(ledger, "kill", "dead")
+    restarts = _spans(ledger, "restart", "restarted")
     return [
         checks.own_answers(entries, fake.sent),
         checks.failures_are_envelopes(entries),
         checks.streams_end_properly(entries),
         checks.ran_what_was_answered(entries, fake.sent, fake.duplicates),
         checks.lost_only_to_kills(entries, kills),
-        checks.counters_match(entries, samples, [(k, k) for k in kills], restarts),
+        checks.counters_match(entries, samples, kills, restarts),
         checks.settled(samples, len(kills)),
         resources_check(resources),
     ]
+
+
+def _spans(ledger: Ledger, begins: str, ends: str) -> list[checks.Span]:
+    """When each kill (signal to gone) or vLLM outage (down to up) lasted."""
+    starts = [e["at"] for e in ledger.events if e["what"] == begins]
+    stops = [e["at"] for e in ledger.events if e["what"] == ends]
+    return list(zip(starts, stops, strict=True))
 
 
 def summary(
