@@ -141,8 +141,9 @@ class Chaos:
         self.ledger.happened("kill", pid=victim)
         os.kill(victim, signal.SIGKILL)
         # Until it is gone its listener may still take a connection (and reset it): the kill
-        # lasts from the signal to then.
-        await eventually(lambda: victim not in children(self.supervisor), "the worker died", 60)
+        # lasts from the signal until the supervisor has reaped it. Not until it is a zombie:
+        # the leader of a thread group is one while its other threads still hold its files.
+        await eventually(lambda: not os.path.exists(f"/proc/{victim}"), "the worker is reaped", 60)
         self.ledger.happened("dead", pid=victim)
         await eventually(
             lambda: len(children(self.supervisor)) == 2, "the supervisor starts another", 60

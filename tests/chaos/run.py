@@ -250,8 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=300.0)
     parser.add_argument("--lanes", type=int, default=8, help="clients at once")
     parser.add_argument("--out", type=Path, default=None, help="ledger, summary, sidecar log")
+    parser.add_argument("--kill-every", default="6,12", help="seconds between kills: MIN,MAX")
     args = parser.parse_args(argv)
-    config = Config(args.seed, args.seconds, args.lanes, args.out)
+    low, high = (float(x) for x in args.kill_every.split(","))
+    config = Config(args.seed, args.seconds, args.lanes, args.out, kill_every=(low, high))
     report = asyncio.run(run(config))
     verdicts = {
         c.name: {"passed": c.passed, "detail": c.detail, "problems": c.problems[:200]}

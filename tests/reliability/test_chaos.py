@@ -13,7 +13,8 @@ from tests.chaos.clients import KINDS
 from tests.chaos.faults import ACTIONS
 from tests.chaos.run import Config, run
 
-pytestmark = pytest.mark.timeout(400)  # the run's own waits are bounded; this bounds it all
+# Part of every run (about 50 s); `-m "not slow"` leaves it out with the other load tests.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 SEED = 20
 SECONDS = 40.0
