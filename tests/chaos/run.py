@@ -11,7 +11,7 @@ import random
 import sys
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from .upstream import ChaosVLLM
 
 MiB = 1 << 20
 FD_SLACK = 3  # per process: the health check's and a pooled upstream connection, open or not
-RSS_SLACK = 32 * MiB  # per process, over its own start (allocator arenas after bursts of MBs)
+RSS_SLACK = 16 * MiB  # per process over its own start: arenas after MB bodies (seen: 1-3 MiB)
 SETTLE = 120.0  # seconds the pod may take to settle after the chaos; asserts no speed
 
 
@@ -108,6 +108,9 @@ async def run(config: Config) -> Report:
         )
     finally:
         ledger.finish()
+        with (out / "vllm.jsonl").open("w") as record:  # the fake's own record, by request id
+            for rid, sent in fake.sent.items():
+                record.write(json.dumps({"rid": rid, **asdict(sent)}, default=str) + "\n")
         await clients.close()
         await asyncio.to_thread(pod.stop)
         await fake.stop()
@@ -256,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     config = Config(args.seed, args.seconds, args.lanes, args.out, kill_every=(low, high))
     report = asyncio.run(run(config))
     verdicts = {
-        c.name: {"passed": c.passed, "detail": c.detail, "problems": c.problems[:200]}
+        c.name: {"passed": c.passed, "detail": c.detail, "problems": c.problems}
         for c in report.checks
     }
     (report.out / "summary.json").write_text(

@@ -131,10 +131,17 @@ class ChaosVLLM(FakeVLLM):
         try:
             return await handler(request)
         except asyncio.CancelledError:
-            rid = request.headers.get("X-Request-Id", "")
-            if (sent := self.sent.get(rid)) is not None and sent.state in ("arrived", "running"):
-                sent.state = "cancelled"
+            self._gone(request)
             raise
+        except ConnectionResetError:  # the sidecar closed it while an event was being written
+            self._gone(request)
+            return web.Response()  # aiohttp drops it quietly: the connection is closing
+
+    def _gone(self, request: web.Request) -> None:
+        """The sidecar went away (a hang-up it passed on, a restart): the generation ends."""
+        rid = request.headers.get("X-Request-Id", "")
+        if (sent := self.sent.get(rid)) is not None and sent.state in ("arrived", "running"):
+            sent.state = "cancelled"
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         rid = request.headers.get("X-Request-Id", "")
