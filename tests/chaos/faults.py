@@ -8,43 +8,18 @@ import os
 import random
 import signal
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from tests.metrics import scrape
 from tests.support import eventually
 
 from .clients import Clients
 from .ledger import Ledger
+from .resources import children, usage
 from .upstream import ChaosVLLM
 
 # Engine actions and their weights; each ends with the engine serving again.
 ACTIONS = {"pause": 3, "sleep": 2, "sync": 3, "restart": 2}
 ATTEMPTS = 40  # a resume or wake-up that fails (its worker killed, vLLM down) is sent again
-
-
-def children(pid: int) -> list[int]:
-    """Live (non-zombie) children of `pid`, from /proc: the supervisor's workers."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = raw[raw.rindex(")") + 2 :].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(entry.name))
-    return sorted(found)
-
-
-def usage(pid: int) -> tuple[int, int]:
-    """A process's resident memory (bytes) and open descriptors."""
-    rss = 0
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            rss = int(line.split()[1]) * 1024
-    return rss, len(os.listdir(f"/proc/{pid}/fd"))
 
 
 @dataclass
@@ -148,11 +123,11 @@ class Chaos:
         await eventually(
             lambda: len(children(self.supervisor)) == 2, "the supervisor starts another", 60
         )
-        await eventually(self._both_listen, "both workers listen", within=60, every=0.1)
+        await eventually(self.both_listen, "both workers listen", within=60, every=0.1)
         [new] = set(children(self.supervisor)) - set(workers)
         self.start_usage[new] = usage(new)  # a restarted worker is compared with its own start
         self.ledger.happened("replaced", pid=victim, by=new)
 
-    async def _both_listen(self) -> bool:
+    async def both_listen(self) -> bool:
         samples = await scrape(self.admin)
         return samples.value("vllm_sidecar_workers", {}) == 2

@@ -19,15 +19,13 @@ from tests.metrics import Samples, scrape
 from tests.processes import SidecarProcess
 from tests.support import eventually, free_port
 
-from . import checks
+from . import checks, counts
 from .clients import KINDS, Clients
-from .faults import Chaos, children, usage
+from .faults import Chaos
 from .ledger import Ledger
+from .resources import children, resources_check, returned, usage
 from .upstream import ChaosVLLM
 
-MiB = 1 << 20
-FD_SLACK = 3  # per process: the health check's and a pooled upstream connection, open or not
-RSS_SLACK = 16 * MiB  # per process over its own start: arenas after MB bodies (seen: 1-3 MiB)
 SETTLE = 120.0  # seconds the pod may take to settle after the chaos; asserts no speed
 
 
@@ -92,7 +90,7 @@ async def run(config: Config) -> Report:
             pod.admin_url,
             kill_every=config.kill_every,
         )
-        await eventually(chaos._both_listen, "both workers listen", within=60, every=0.1)
+        await eventually(chaos.both_listen, "both workers listen", within=60, every=0.1)
         await warm_up(clients, fake, config.lanes)
         await settle(pod.admin_url)
         pids = [supervisor, *children(supervisor)]
@@ -164,43 +162,6 @@ def _sum(samples: Samples, name: str) -> float:
     return sum(v for (n, _), v in samples.values.items() if n == name)
 
 
-async def returned(chaos: Chaos) -> dict[int, dict[str, int]]:
-    """Each live process's start and end, once within the tolerance or at the deadline."""
-    live = [chaos.supervisor, *children(chaos.supervisor)]
-
-    def within() -> bool:
-        return all(_within(chaos.start_usage[pid], usage(pid)) for pid in live)
-
-    try:
-        await eventually(within, "RSS and descriptors back to their start", within=60, every=0.5)
-    except AssertionError:
-        pass  # the check below says by how much
-    return {
-        pid: {
-            "rss_start": chaos.start_usage[pid][0],
-            "fds_start": chaos.start_usage[pid][1],
-            "rss_end": usage(pid)[0],
-            "fds_end": usage(pid)[1],
-        }
-        for pid in live
-    }
-
-
-def _within(start: tuple[int, int], end: tuple[int, int]) -> bool:
-    return end[0] <= start[0] + RSS_SLACK and end[1] <= start[1] + FD_SLACK
-
-
-def resources_check(resources: dict[int, dict[str, int]]) -> checks.Check:
-    check = checks.Check(
-        "RSS and open descriptors return to their start",
-        detail=f"(tolerance {RSS_SLACK // MiB} MiB, {FD_SLACK} fds a process)",
-    )
-    for pid, r in resources.items():
-        if not _within((r["rss_start"], r["fds_start"]), (r["rss_end"], r["fds_end"])):
-            check.problems.append(f"pid {pid}: {r}")
-    return check
-
-
 def judge(
     ledger: Ledger, fake: ChaosVLLM, samples: Samples, resources: dict[int, dict[str, int]]
 ) -> list[checks.Check]:
@@ -213,8 +174,8 @@ def judge(
         checks.streams_end_properly(entries),
         checks.ran_what_was_answered(entries, fake.sent, fake.duplicates),
         checks.lost_only_to_kills(entries, kills),
-        checks.counters_match(entries, samples, kills, restarts),
-        checks.settled(samples, len(kills)),
+        counts.counters_match(entries, samples, kills, restarts),
+        counts.settled(samples, len(kills)),
         resources_check(resources),
     ]
 
