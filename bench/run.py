@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import loads
 import profiling
 import report
+import streams
 from procs import cpu_seconds, http, rss_bytes, rss_each, settle
 from scaling import cpu_list, scaling_targets
 from targets import (
@@ -110,17 +111,23 @@ def ensure_tools() -> None:
         subprocess.run(["bash", str(BENCH / "setup-system.sh")], check=True)
 
 
-def write_bodies(run_dir: Path, big_mb: float) -> dict[tuple[str, str, bool, int], Path]:
-    """One body file per (kind, model, stream); the aliasing targets get the HF path."""
+Bodies = dict[tuple[str, str, bool, int, str | None], Path]
+
+
+def write_bodies(run_dir: Path, big_mb: float) -> Bodies:
+    """One body file per (kind, model, stream, ...); the aliasing targets get the HF path."""
     files = {}
     big = int(big_mb * 1024 * 1024)
     for scen in loads.SCENARIOS.values():
         for model in (SERVED, HF_PATH):
-            key = (scen.body, model, scen.stream, scen.events)
+            key = loads.body_key(scen, model)
             if key not in files:
                 path = run_dir / f"body-{scen.body}-{'sse' if scen.stream else 'json'}-"
-                path = path.with_name(f"{path.name}{scen.events}-{model.replace('/', '_')}.json")
-                path.write_bytes(loads.make_body(scen.body, model, scen.stream, big, scen.events))
+                paced = f"-paced{scen.pace}" if scen.pace else ""
+                name = f"{path.name}{scen.events}{paced}-{model.replace('/', '_')}.json"
+                path = path.with_name(name)
+                data = loads.make_body(scen.body, model, scen.stream, big, scen.events, scen.pace)
+                path.write_bytes(data)
                 files[key] = path
     return files
 
@@ -145,6 +152,16 @@ def run_cell(
     body: Path,
 ) -> dict[str, Any]:
     row: dict[str, Any] = {"target": name, "scenario": scen.name, "status": "ok"}
+    if scen.kind != "wrk":
+        if scen.kind == "rl":
+            row.update(streams.run_rl(args, env, url, pid, scen, body))
+        else:
+            row.update(streams.run_held(args, env, name, url, pid, scen, body))
+        if pid:
+            row["settle_s"] = round(settle(pid), 2)
+        if not row["requests"]:
+            row.update(status="no_requests", reason="no event or answer in the window")
+        return row
     try:
         row["check"] = loads.check(url, body.read_bytes(), scen.stream, scen.events)
     except (loads.CheckFailed, OSError, ValueError) as err:
@@ -225,7 +242,7 @@ def measure(
     args: argparse.Namespace,
     env: Env,
     targets: list[tuple[Target, Running]],
-    bodies: dict[tuple[str, str, bool, int], Path],
+    bodies: Bodies,
     doc: dict[str, Any],
 ) -> None:
     """Every scenario, every target in turn (so that neighbours in time are compared), R rounds;
@@ -234,13 +251,20 @@ def measure(
     for rnd in range(args.rounds):
         for sname in args.scenarios.split(","):
             scen = loads.SCENARIOS[sname]
-            for target, running in targets:
+            for i, (target, running) in enumerate(targets):
                 name = target.name
                 if (name, sname) in broken or (rnd and target.one_round):
                     continue
+                if scen.kind != "wrk" and running.child and args.profile != "pyinstrument":
+                    # RSS per stream or per held request is the growth of a fresh process: one
+                    # that ran the other cells reuses their freed memory and shows none.
+                    running.child.stop()
+                    running = target.start(env)
+                    targets[i] = (target, running)
+                    time.sleep(1.0)
                 pid = running.child.pid if running.child else None
                 model = HF_PATH if target.aliasing else SERVED
-                body = bodies[(scen.body, model, scen.stream, scen.events)]
+                body = bodies[loads.body_key(scen, model)]
                 try:
                     row = run_cell(args, env, name, running.url, pid, scen, body)
                 except (RuntimeError, OSError, subprocess.SubprocessError) as err:
@@ -280,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         return profiling.soak(args, env, write_bodies(run_dir, 0.001), out)
     t0 = time.monotonic()
     bodies = write_bodies(run_dir, args.big_mb)
+    big_key = loads.body_key(loads.SCENARIOS["ids8mb-c1"], SERVED)
     doc: dict[str, Any] = {
         "meta": {
             "started": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -290,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             "seconds": args.seconds,
             "warmup": args.warmup,
             "quick": args.quick,
-            "big_bytes": bodies[("ids8mb", SERVED, False, loads.SSE_EVENTS)].stat().st_size,
+            "big_bytes": bodies[big_key].stat().st_size,
             "profile": args.profile,
             "rounds": args.rounds,
             "scale": args.scale,
@@ -306,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     started: list[tuple[Target, Running]] = []
     try:
         # The upstream must refuse the HF path, or the aliasing checks below prove nothing.
-        refused = bodies[("small", HF_PATH, False, loads.SSE_EVENTS)].read_bytes()
+        refused = bodies[loads.body_key(loads.SCENARIOS["json-c1"], HF_PATH)].read_bytes()
         status = http("POST", env.upstream_url + "/v1/completions", refused)[0]
         if status != 404:
             sys.exit(f"fake upstream answered {status} to an unserved model, expected 404")
