@@ -36,6 +36,7 @@ from targets import (
     Env,
     Running,
     Target,
+    install_chart,
     sidecar_variant,
     start_sidecar,
     start_upstream,
@@ -286,6 +287,28 @@ def measure(
                 doc["runs"].append(dict(best))
 
 
+CHART_VENV = ROOT / ".venv-bench-chart"
+
+
+def chart_note(args: argparse.Namespace, results: Path, png: Path) -> str:
+    """Draw chart.png with matplotlib, from a venv of its own (made on first use, unless
+    --no-install): the runner stays standard-library Python."""
+    python = CHART_VENV / "bin" / "python"
+    if not python.exists() and not args.no_install:
+        install_chart()
+    if not python.exists():
+        return f"chart: skipped (no {CHART_VENV.name}; run without --no-install to make it)"
+    done = subprocess.run(
+        [str(python), str(BENCH / "chart.py"), str(results), str(png)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode:
+        return f"chart: failed: {done.stderr.strip().splitlines()[-1:]}"
+    return f"chart: {png}"
+
+
 def _brief(row: dict[str, Any]) -> str:
     if row["status"] != "ok":
         return f"{row['status']}: {row.get('reason')}"
@@ -358,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["meta"]["wall_s"] = round(time.monotonic() - t0, 1)
     json_path, md_path = report.write(doc, out)
     print(md_path.read_text())
+    print(chart_note(args, json_path, out / "chart.png"))
     ran = [n for n, t in doc["targets"].items() if t["status"] == "ok"]
     skipped = [f"{n} ({t['reason']})" for n, t in doc["targets"].items() if t["status"] != "ok"]
     print(f"targets run: {', '.join(ran) or 'none'}; not run: {', '.join(skipped) or 'none'}")
