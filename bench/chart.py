@@ -67,6 +67,9 @@ def draw(doc: dict[str, Any], path: Path) -> Path:
             values = [v * scale for _, v in cells]
             colors = [_color(n) for n in names]
             ax.barh(names, values, color=colors)
+            positive = [v for v in values if v > 0]
+            if positive and max(positive) > 30 * min(positive):
+                ax.set_xscale("log")  # LiteLLM next to nginx: a linear axis shows one bar
             ax.invert_yaxis()
             ax.tick_params(labelsize=7)
             if r == 0:
@@ -80,11 +83,12 @@ def draw(doc: dict[str, Any], path: Path) -> Path:
             ax.margins(x=0.25)
     meta = doc["meta"]
     fig.suptitle(
-        f"vllm-sidecar bench {meta['started']} (commit {meta['commit']}): lower is better",
+        f"vllm-sidecar bench {meta['started']} (commit {meta['commit']}): lower is better;"
+        " a log axis where values span more than 30x",
         fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    fig.savefig(path, dpi=72)
     plt.close(fig)
     return path
 
