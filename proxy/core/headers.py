@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import itertools
 import os
 import re
 from collections.abc import Iterable
@@ -78,7 +80,26 @@ def request_id(headers: MultiMapping[str]) -> str:
     given = headers.get(REQUEST_ID, "")
     if _SANE_REQUEST_ID.fullmatch(given):
         return given
-    return os.urandom(16).hex()
+    return _new_id()
+
+
+class _RequestIds:
+    """32 hex digits: 16 random per process, then a count. Unique within and across processes
+    without a system call per request (os.urandom is one); ids name requests, they guard
+    nothing, so that the next is guessable is fine. A forked child draws its own prefix."""
+
+    def __init__(self) -> None:
+        self.renew()
+
+    def renew(self) -> None:
+        self._prefix, self._count = os.urandom(8).hex(), itertools.count()
+
+    def __call__(self) -> str:
+        return f"{self._prefix}{next(self._count) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+
+
+_new_id = _RequestIds()
+os.register_at_fork(after_in_child=_new_id.renew)
 
 
 def refused_request_id(headers: MultiMapping[str], rid: str) -> str | None:
@@ -120,6 +141,8 @@ def upstream_request_headers(
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
+# Pure, and its arguments repeat from request to request (one client, one Host): a bounded memo.
+@functools.lru_cache(maxsize=256)
 def _forwarded_element(client_ip: str | None, scheme: str, host: str | None) -> str:
     """One RFC 7239 element; values that are not tokens (IPv6, host:port) are quoted."""
 
