@@ -14,6 +14,7 @@ from procs import http
 BENCH = Path(__file__).resolve().parent
 SSE_EVENTS = 20
 LONG_SSE_EVENTS = 500
+RL_TOKENS = 200
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,14 @@ class Scenario:
     # SSE events per answer. More than the fake upstream's usual 20 are asked for as vLLM
     # would be: `max_tokens` with `ignore_eos`, so every proxy passes the request on unchanged.
     events: int = SSE_EVENTS
+    # "wrk": timed by wrk; "rl" and "held": the RL-shaped cells of streams.py.
+    kind: str = "wrk"
+    pace: str | None = None  # "LO-HI": the fake writes a token every LO to HI ms
+
+
+def body_key(scen: Scenario, model: str) -> tuple[str, str, bool, int, str | None]:
+    """What makes one body differ from another: scenarios that agree on it share a file."""
+    return (scen.body, model, scen.stream, scen.events, scen.pace)
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -45,12 +54,37 @@ SCENARIOS: dict[str, Scenario] = {
             64,
             LONG_SSE_EVENTS,
         ),
+        # RL rollouts: SkyRL keeps up to 512 generations open per engine, each a few hundred
+        # tokens at the engine's pace (bench/streams.py).
+        Scenario(
+            "rl-512",
+            f"RL-shaped: 512 open streams, a token every 20-50 ms, {RL_TOKENS} tokens each",
+            "small",
+            True,
+            512,
+            RL_TOKENS,
+            kind="rl",
+            pace="20-50",
+        ),
+        Scenario(
+            "held-2000",
+            "2,000 requests held through a pause",
+            "small",
+            False,
+            2000,
+            kind="held",
+        ),
     )
 }
 
 
 def make_body(
-    kind: str, model: str, stream: bool, big_bytes: int, events: int = SSE_EVENTS
+    kind: str,
+    model: str,
+    stream: bool,
+    big_bytes: int,
+    events: int = SSE_EVENTS,
+    pace: str | None = None,
 ) -> bytes:
     """A SkyRL-like /v1/completions body: `model` first, a token-id prompt, sampling params."""
     rng = random.Random(0)
@@ -72,6 +106,8 @@ def make_body(
     }
     if events != SSE_EVENTS:
         body.update(max_tokens=events, ignore_eos=True)
+    if pace is not None:
+        body["bench_pace_ms"] = pace
     return json.dumps(body, separators=(",", ":")).encode()
 
 

@@ -161,9 +161,7 @@ def after_stop(kind: str | None, env: Env, doc: dict[str, Any], name: str) -> No
     doc["profiles"] = rendered
 
 
-def soak(
-    args: argparse.Namespace, env: Env, bodies: dict[tuple[str, str, bool, int], Path], out: Path
-) -> int:
+def soak(args: argparse.Namespace, env: Env, bodies: dict[Any, Path], out: Path) -> int:
     """The sidecar at 64 connections for args.soak seconds; RSS after each 30 s slice."""
     upstream = start_upstream(env)
     samples: list[dict[str, float]] = []
@@ -171,7 +169,7 @@ def soak(
         running = start_sidecar(env)
         assert running.child is not None
         pid = running.child.pid
-        body = bodies[("small", HF_PATH, False, loads.SSE_EVENTS)]
+        body = bodies[loads.body_key(loads.SCENARIOS["json-c64"], HF_PATH)]
         url = running.url
         loads.check(url, body.read_bytes(), stream=False)
         samples.append({"t": 0.0, "rss_mb": rss_bytes(pid) / 2**20, "requests": 0})

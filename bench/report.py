@@ -113,7 +113,7 @@ def markdown(doc: dict[str, Any]) -> str:
         )
     for sname, scen in SCENARIOS.items():
         cells = [r for r in rows if r["scenario"] == sname]
-        if not cells:
+        if not cells or scen.kind != "wrk":
             continue
         lines += ["", f"## {scen.label} (`{sname}`)", ""]
         lines += [
@@ -133,9 +133,69 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"{num(r['cpu_ms_per_1k'], 1)} | {mb(r['rss_mb'])} | {rx(s['rps'])} | "
                 f"{rx(s['added_p50'])} | {rx(s['cpu_per_1k'])} | {r['check']} |"
             )
+    lines += rl_markdown(rows, targets)
     lines += scaling.scaling_markdown(doc)
     lines += scaling.per_event_markdown(doc)
     return "\n".join(lines) + "\n"
+
+
+def rl_markdown(rows: list[Row], targets: dict[str, Any]) -> list[str]:
+    """The RL-shaped sections of results.md."""
+    lines: list[str] = []
+    rl = [r for r in rows if r["scenario"] == "rl-512"]
+    if rl:
+        lines += ["", f"## {SCENARIOS['rl-512'].label} (`rl-512`)", ""]
+        lines += [
+            "Delay: from the fake upstream writing a token's event to the client reading it; "
+            "added: over direct's. Gap p99: a token's arrival gap less the upstream's own gap "
+            "(jitter). RSS per stream: the peak during the window less the RSS before, / 512.",
+            "",
+            "| target | events/s | delay p50 | delay p99 | added p50 | added p99 | gap p99 | "
+            "CPU ms / 1k events | RSS per open stream | sidecar ÷ target: CPU | check |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in rl:
+            lines.append(_rl_line(r, targets))
+    held = [r for r in rows if r["scenario"] == "held-2000"]
+    if held:
+        lines += ["", f"## {SCENARIOS['held-2000'].label} (`held-2000`)", ""]
+        lines += [
+            "The sidecar holds the requests itself (paused through its /pause); the others "
+            "have passed them on to the paused fake upstream, which holds them as vLLM would. "
+            "Latency: from the resume to each answer.",
+            "",
+            "| target | held | RSS while held | RSS per held request | p50 | p99 | "
+            "CPU ms / 1k requests | check |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in held:
+            label = targets[r["target"]]["label"]
+            if r["status"] != "ok":
+                lines.append(f"| {label} | {r['status']}: {r.get('reason')} |" + " |" * 6)
+                continue
+            lines.append(
+                f"| {label} | {r['held']:,} | {mb(r['rss_mb'])} | {kb(r['rss_per_held_kb'])} | "
+                f"{us(r['p50_us'])} | {us(r['p99_us'])} | {num(r['cpu_ms_per_1k'], 1)} | "
+                f"{r['check']} |"
+            )
+    return lines
+
+
+def _rl_line(r: Row, targets: dict[str, Any]) -> str:
+    label = targets[r["target"]]["label"]
+    if r["status"] != "ok":
+        return f"| {label} | {r['status']}: {r.get('reason')} |" + " |" * 9
+    cpu = r.get("sidecar_over_target", {}).get("cpu_per_1k")
+    return (
+        f"| {label} | {num(r['rps'])} | {us(r['p50_us'])} | {us(r['p99_us'])} | "
+        f"{us(r.get('added_p50_us'))} | {us(r.get('added_p99_us'))} | {us(r['gap_p99_us'])} | "
+        f"{num(r['cpu_ms_per_1k'], 1)} | {kb(r['rss_per_stream_kb'])} | "
+        f"{'-' if cpu is None else f'{cpu:.2f}x'} | {r['check']} |"
+    )
+
+
+def kb(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} KB"
 
 
 def write(doc: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:

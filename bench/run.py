@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import loads
 import profiling
 import report
+import streams
 from procs import cpu_seconds, http, rss_bytes, rss_each, settle
 from scaling import cpu_list, scaling_targets
 from targets import (
@@ -35,6 +36,7 @@ from targets import (
     Env,
     Running,
     Target,
+    install_chart,
     sidecar_variant,
     start_sidecar,
     start_upstream,
@@ -110,17 +112,23 @@ def ensure_tools() -> None:
         subprocess.run(["bash", str(BENCH / "setup-system.sh")], check=True)
 
 
-def write_bodies(run_dir: Path, big_mb: float) -> dict[tuple[str, str, bool, int], Path]:
-    """One body file per (kind, model, stream); the aliasing targets get the HF path."""
+Bodies = dict[tuple[str, str, bool, int, str | None], Path]
+
+
+def write_bodies(run_dir: Path, big_mb: float) -> Bodies:
+    """One body file per (kind, model, stream, ...); the aliasing targets get the HF path."""
     files = {}
     big = int(big_mb * 1024 * 1024)
     for scen in loads.SCENARIOS.values():
         for model in (SERVED, HF_PATH):
-            key = (scen.body, model, scen.stream, scen.events)
+            key = loads.body_key(scen, model)
             if key not in files:
                 path = run_dir / f"body-{scen.body}-{'sse' if scen.stream else 'json'}-"
-                path = path.with_name(f"{path.name}{scen.events}-{model.replace('/', '_')}.json")
-                path.write_bytes(loads.make_body(scen.body, model, scen.stream, big, scen.events))
+                paced = f"-paced{scen.pace}" if scen.pace else ""
+                name = f"{path.name}{scen.events}{paced}-{model.replace('/', '_')}.json"
+                path = path.with_name(name)
+                data = loads.make_body(scen.body, model, scen.stream, big, scen.events, scen.pace)
+                path.write_bytes(data)
                 files[key] = path
     return files
 
@@ -145,6 +153,16 @@ def run_cell(
     body: Path,
 ) -> dict[str, Any]:
     row: dict[str, Any] = {"target": name, "scenario": scen.name, "status": "ok"}
+    if scen.kind != "wrk":
+        if scen.kind == "rl":
+            row.update(streams.run_rl(args, env, url, pid, scen, body))
+        else:
+            row.update(streams.run_held(args, env, name, url, pid, scen, body))
+        if pid:
+            row["settle_s"] = round(settle(pid), 2)
+        if not row["requests"]:
+            row.update(status="no_requests", reason="no event or answer in the window")
+        return row
     try:
         row["check"] = loads.check(url, body.read_bytes(), scen.stream, scen.events)
     except (loads.CheckFailed, OSError, ValueError) as err:
@@ -225,7 +243,7 @@ def measure(
     args: argparse.Namespace,
     env: Env,
     targets: list[tuple[Target, Running]],
-    bodies: dict[tuple[str, str, bool, int], Path],
+    bodies: Bodies,
     doc: dict[str, Any],
 ) -> None:
     """Every scenario, every target in turn (so that neighbours in time are compared), R rounds;
@@ -234,13 +252,20 @@ def measure(
     for rnd in range(args.rounds):
         for sname in args.scenarios.split(","):
             scen = loads.SCENARIOS[sname]
-            for target, running in targets:
+            for i, (target, running) in enumerate(targets):
                 name = target.name
                 if (name, sname) in broken or (rnd and target.one_round):
                     continue
+                if scen.kind != "wrk" and running.child and args.profile != "pyinstrument":
+                    # RSS per stream or per held request is the growth of a fresh process: one
+                    # that ran the other cells reuses their freed memory and shows none.
+                    running.child.stop()
+                    running = target.start(env)
+                    targets[i] = (target, running)
+                    time.sleep(1.0)
                 pid = running.child.pid if running.child else None
                 model = HF_PATH if target.aliasing else SERVED
-                body = bodies[(scen.body, model, scen.stream, scen.events)]
+                body = bodies[loads.body_key(scen, model)]
                 try:
                     row = run_cell(args, env, name, running.url, pid, scen, body)
                 except (RuntimeError, OSError, subprocess.SubprocessError) as err:
@@ -257,9 +282,41 @@ def measure(
                 r for r in doc["rounds"] if (r["target"], r["scenario"]) == (target.name, sname)
             ]
             failed = [r for r in cells if r["status"] != "ok"]
-            best = failed[0] if failed else max(cells, key=lambda r: r["rps"], default=None)
+            best = failed[0] if failed else _best(cells)
             if best is not None:
                 doc["runs"].append(dict(best))
+
+
+def _best(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The round to keep: the best rate; for the RL cells, whose rate the paced upstream
+    sets, the lowest per-token delay (or resume-to-answer latency)."""
+    if not cells:
+        return None
+    if loads.SCENARIOS[cells[0]["scenario"]].kind != "wrk":
+        return min(cells, key=lambda r: r["p50_us"])
+    return max(cells, key=lambda r: r["rps"])
+
+
+CHART_VENV = ROOT / ".venv-bench-chart"
+
+
+def chart_note(args: argparse.Namespace, results: Path, png: Path) -> str:
+    """Draw chart.png with matplotlib, from a venv of its own (made on first use, unless
+    --no-install): the runner stays standard-library Python."""
+    python = CHART_VENV / "bin" / "python"
+    if not python.exists() and not args.no_install:
+        install_chart()
+    if not python.exists():
+        return f"chart: skipped (no {CHART_VENV.name}; run without --no-install to make it)"
+    done = subprocess.run(
+        [str(python), str(BENCH / "chart.py"), str(results), str(png)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode:
+        return f"chart: failed: {done.stderr.strip().splitlines()[-1:]}"
+    return f"chart: {png}"
 
 
 def _brief(row: dict[str, Any]) -> str:
@@ -280,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         return profiling.soak(args, env, write_bodies(run_dir, 0.001), out)
     t0 = time.monotonic()
     bodies = write_bodies(run_dir, args.big_mb)
+    big_key = loads.body_key(loads.SCENARIOS["ids8mb-c1"], SERVED)
     doc: dict[str, Any] = {
         "meta": {
             "started": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -290,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             "seconds": args.seconds,
             "warmup": args.warmup,
             "quick": args.quick,
-            "big_bytes": bodies[("ids8mb", SERVED, False, loads.SSE_EVENTS)].stat().st_size,
+            "big_bytes": bodies[big_key].stat().st_size,
             "profile": args.profile,
             "rounds": args.rounds,
             "scale": args.scale,
@@ -306,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     started: list[tuple[Target, Running]] = []
     try:
         # The upstream must refuse the HF path, or the aliasing checks below prove nothing.
-        refused = bodies[("small", HF_PATH, False, loads.SSE_EVENTS)].read_bytes()
+        refused = bodies[loads.body_key(loads.SCENARIOS["json-c1"], HF_PATH)].read_bytes()
         status = http("POST", env.upstream_url + "/v1/completions", refused)[0]
         if status != 404:
             sys.exit(f"fake upstream answered {status} to an unserved model, expected 404")
@@ -333,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["meta"]["wall_s"] = round(time.monotonic() - t0, 1)
     json_path, md_path = report.write(doc, out)
     print(md_path.read_text())
+    print(chart_note(args, json_path, out / "chart.png"))
     ran = [n for n, t in doc["targets"].items() if t["status"] == "ok"]
     skipped = [f"{n} ({t['reason']})" for n, t in doc["targets"].items() if t["status"] != "ok"]
     print(f"targets run: {', '.join(ran) or 'none'}; not run: {', '.join(skipped) or 'none'}")

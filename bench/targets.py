@@ -259,6 +259,11 @@ def _peer_installer(venv_name: str, requirement: str) -> Callable[[], None]:
     return install
 
 
+def install_chart() -> None:
+    """matplotlib for bench/chart.py, in .venv-bench-chart (pinned beside the peers)."""
+    _peer_installer(".venv-bench-chart", _pinned("matplotlib"))()
+
+
 def _pinned(name: str) -> str:
     for line in (BENCH / "proxies" / "requirements-peers.txt").read_text().splitlines():
         if line.startswith(name):

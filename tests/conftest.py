@@ -29,7 +29,8 @@ def fake() -> FakeVLLM:
 
 @pytest.fixture
 async def upstream(fake: FakeVLLM, aiohttp_server: Any) -> TestServer:
-    server: TestServer = await aiohttp_server(fake.app())
+    # vLLM's server (uvicorn, FastAPI) inflates no request body: neither does its fake.
+    server: TestServer = await aiohttp_server(fake.app(), auto_decompress=False)
     return server
 
 

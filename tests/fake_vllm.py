@@ -176,7 +176,9 @@ class FakeVLLM:
         if (bad := self._check_model(payload)) is not None:
             return bad
         if payload.get("max_tokens", 16) < 1:
-            msg = f"max_tokens must be at least 1, got {payload['max_tokens']}."
+            value = payload["max_tokens"]
+            msg = f"max_tokens must be at least 1, got {value}. "
+            msg += f"(parameter=max_tokens, value={value})"  # vLLM 0.32's words (f1)
             return json_response(error_body(msg, "BadRequestError", "max_tokens", 400), 400)
         prompts = payload.get("prompt")
         batch = (
@@ -206,29 +208,41 @@ class FakeVLLM:
             return json_response(error_body(msg, "BadRequestError", None, 400), 400)
         return json_response(self._completion(model, chat, batch, "length"))
 
-    def _completion(self, model: str, chat: bool, batch: list[Any], finish: str) -> dict[str, Any]:
+    def _completion(
+        self,
+        model: str,
+        chat: bool,
+        batch: list[Any],
+        finish: str,
+        *,
+        text: str = " fox",
+        request_id: str | None = None,
+    ) -> dict[str, Any]:
         return {
-            "id": f"cmpl-{next(_ids):016x}",
+            # vLLM adopts the client's X-Request-Id: its own id becomes `cmpl-<X-Request-Id>`.
+            "id": f"cmpl-{request_id or f'{next(_ids):016x}'}",
             "object": "chat.completion" if chat else "text_completion",
             "created": 1795982287,
             "model": model,
-            "choices": [self._choice(i, chat, finish) for i in range(len(batch))],
+            "choices": [self._choice(i, chat, finish, text) for i in range(len(batch))],
             "usage": {"prompt_tokens": 3, "total_tokens": 7, "completion_tokens": 4},
         }
 
     @staticmethod
-    def _choice(index: int, chat: bool, finish: str = "length") -> dict[str, Any]:
+    def _choice(
+        index: int, chat: bool, finish: str = "length", text: str = " fox"
+    ) -> dict[str, Any]:
         if chat:
             return {
                 "index": index,
-                "message": {"role": "assistant", "content": " fox"},
+                "message": {"role": "assistant", "content": text},
                 "logprobs": None,
                 "finish_reason": finish,
                 "stop_reason": None,
             }
         return {
             "index": index,
-            "text": " fox",
+            "text": text,
             "logprobs": None,
             "finish_reason": finish,
             "stop_reason": None,
@@ -264,10 +278,20 @@ async def start_sse(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-def sse_chunk(model: str, i: int, chat: bool = False, finish: str | None = None) -> bytes:
-    delta: dict[str, Any] = {"delta": {"content": f" t{i}"}} if chat else {"text": f" t{i}"}
+def sse_chunk(
+    model: str,
+    i: int,
+    chat: bool = False,
+    finish: str | None = None,
+    *,
+    text: str | None = None,
+    request_id: str = "0",
+) -> bytes:
+    """One completion chunk; `text` defaults to ` t<i>`, the id to vLLM's `cmpl-<request id>`."""
+    words = f" t{i}" if text is None else text
+    delta: dict[str, Any] = {"delta": {"content": words}} if chat else {"text": words}
     event = {
-        "id": "cmpl-0",
+        "id": f"cmpl-{request_id}",
         "object": "chat.completion.chunk" if chat else "text_completion",
         "created": 1795982287,
         "model": model,

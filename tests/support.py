@@ -25,6 +25,16 @@ def free_port() -> int:
 Check = Callable[[], object]
 
 
+def own_address() -> str:
+    """This machine's address on its outgoing route (no packet is sent): a peer there is not
+    loopback, as a pod's IP is not to its sidecar."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect(("203.0.113.1", 9))  # TEST-NET-3: never reached
+        address: str = sock.getsockname()[0]
+    assert not address.startswith("127."), "this machine has no address but loopback"
+    return address
+
+
 async def eventually(
     check: Callable[[], object | Awaitable[object]],
     what: str = "the condition",

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import aiohttp
 from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.client.drain import IN_FLIGHT
 from proxy.upstream.discovery import DISCOVERY
 from tests.fake_vllm import FakeVLLM, respond
-from tests.sidecar import MakeSidecar, Sidecar
-from tests.support import eventually, free_port
+from tests.sidecar import COMPLETION, MakeSidecar, Sidecar, StartSidecar, admin_of
+from tests.support import eventually, free_port, own_address
 
 
 async def test_ready_when_healthy_and_names_known(sidecar: Sidecar) -> None:
@@ -141,3 +142,62 @@ async def test_two_apps_share_no_metrics(upstream: TestServer, make_sidecar: Mak
     assert (
         b.metric("vllm_sidecar_requests_total", route="/v1/models", method="GET", status="200") == 0
     )
+
+
+async def test_drain_is_taken_only_from_inside_the_pod_or_with_the_token(
+    upstream: TestServer, start_sidecar: StartSidecar
+) -> None:
+    """The admin port listens on the pod's IP (for Prometheus): one POST from anyone who reaches
+    it would otherwise take the pod out of service until it restarts."""
+    proc, url = await start_sidecar(
+        str(upstream.make_url("")), "--admin-host", "0.0.0.0", "--control-token", "T0KEN"
+    )
+    port = admin_of(proc).rsplit(":", 1)[1]
+    outside = f"http://{own_address()}:{port}"
+    async with aiohttp.ClientSession() as session:
+        for auth in (None, "Bearer wrong", "T0KEN", "Basic T0KEN"):
+            headers = {"Authorization": auth} if auth else {}
+            async with session.post(outside + "/drain", headers=headers) as resp:
+                assert resp.status == 401
+                assert resp.headers["WWW-Authenticate"].startswith("Bearer")
+                error = (await resp.json())["error"]
+                assert error["reason"] == "unauthorized"
+                assert "Nothing was drained" in error["message"]
+        async with session.get(outside + "/readyz") as ready:
+            assert ready.status == 200  # readiness is open to every prober, and still ready
+        async with session.post(url + "/v1/completions", json=COMPLETION) as resp:
+            assert resp.status == 200
+        async with session.post(
+            outside + "/drain", headers={"Authorization": "Bearer T0KEN"}
+        ) as resp:
+            assert resp.status == 200
+            assert await resp.json() == {"draining": True, "in_flight": 0}
+        async with session.get(outside + "/readyz") as ready:
+            assert ready.status == 503
+
+
+async def test_drain_from_loopback_needs_no_token(
+    upstream: TestServer, start_sidecar: StartSidecar
+) -> None:
+    """The pod's preStop calls 127.0.0.1 with no token (deploy/kubernetes/deployment.yaml)."""
+    proc, _ = await start_sidecar(
+        str(upstream.make_url("")), "--admin-host", "0.0.0.0", "--control-token", "T0KEN"
+    )
+    async with aiohttp.ClientSession() as session:
+        async with session.post(admin_of(proc) + "/drain") as resp:
+            assert resp.status == 200
+            assert await resp.json() == {"draining": True, "in_flight": 0}
+        async with session.get(admin_of(proc) + "/readyz") as ready:
+            assert ready.status == 503
+
+
+async def test_without_a_token_drain_from_outside_is_refused(
+    upstream: TestServer, start_sidecar: StartSidecar
+) -> None:
+    proc, _ = await start_sidecar(str(upstream.make_url("")), "--admin-host", "0.0.0.0")
+    port = admin_of(proc).rsplit(":", 1)[1]
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"http://{own_address()}:{port}/drain") as resp:
+            assert resp.status == 401
+        async with session.get(admin_of(proc) + "/readyz") as ready:
+            assert ready.status == 200

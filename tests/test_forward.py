@@ -86,7 +86,7 @@ async def test_non_json_bodies_are_not_touched(sidecar: Sidecar, fake: FakeVLLM)
 
 
 async def test_encoded_request_bodies_are_not_parsed(sidecar: Sidecar, fake: FakeVLLM) -> None:
-    # An encoding the fake's aiohttp server will not try to inflate on its side.
+    # An encoding aiohttp does not inflate: relayed as sent (test_hostile has the ones it does).
     raw = b"\x00opaque" + gzip.compress(b'{"model": "org/tiny-model"}')
     fake.script("POST /v1/completions", respond(200, b"{}"))
     headers = {"Content-Type": "application/json", "Content-Encoding": "x-opaque"}

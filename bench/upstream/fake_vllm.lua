@@ -4,6 +4,19 @@
 -- own 404, so a proxy that did not rewrite the model shows up as errors, never as speed.
 local M = {}
 
+-- CLOCK_MONOTONIC in ns, the clock the RL client (bench/streams_client.py) reads: each paced
+-- event carries the time it was written, so the client sees how late every token arrives.
+local ffi = require("ffi")
+ffi.cdef[[
+typedef struct { long tv_sec; long tv_nsec; } bench_timespec;
+int clock_gettime(int clk_id, bench_timespec *tp);
+]]
+local ts = ffi.new("bench_timespec")
+local function now_ns()
+  ffi.C.clock_gettime(1, ts)
+  return string.format("%d%09d", tonumber(ts.tv_sec), tonumber(ts.tv_nsec))
+end
+
 local SERVED = "Qwen2.5-0.5B"
 local ROOT = "Qwen/Qwen2.5-0.5B"
 local SSE_EVENTS = 20
@@ -109,8 +122,41 @@ local function not_found(model)
   ngx.print(body)
 end
 
+-- vLLM's /pause and /resume (keep mode): while paused, a completion waits, as vLLM queues it.
+function M.pause()
+  ngx.shared.bench:set("paused", true)
+  ngx.print("{}")
+end
+
+function M.resume()
+  ngx.shared.bench:set("paused", false)
+  ngx.print("{}")
+end
+
+local function wait_while_paused()
+  while ngx.shared.bench:get("paused") do
+    ngx.sleep(0.05)
+  end
+end
+
+-- The RL shape (`"bench_pace_ms":"20-50"`): a token event every 20-50 ms, each stamped with
+-- the time it was written (`"bench_t":<ns>`), flushed alone, as vLLM streams tokens.
+local function paced(kind, count, lo, hi)
+  local events = stream_of(kind, count)
+  for i = 1, count do
+    ngx.sleep((lo + math.random() * (hi - lo)) / 1000)
+    ngx.print('data: {"bench_t":', now_ns(), ",", string.sub(events[i], 8))
+    local ok = ngx.flush(true)
+    if not ok then
+      return
+    end
+  end
+  ngx.print(events[count + 1])
+end
+
 function M.generate()
   local body = read_body()
+  wait_while_paused()
   local model = find(body, '"model"%s*:%s*"([^"]*)"') or ""
   if model ~= SERVED then
     ngx.log(ngx.WARN, "wrong model: ", model)
@@ -125,6 +171,10 @@ function M.generate()
     local count = SSE_EVENTS
     if find(body, '"ignore_eos"%s*:%s*(%a+)') == "true" then
       count = math.min(tonumber(find(body, '"max_tokens"%s*:%s*(%d+)')) or SSE_EVENTS, 100000)
+    end
+    local lo, hi = find(body, '"bench_pace_ms"%s*:%s*"(%d+)%-(%d+)"')
+    if lo then
+      return paced(route.kind, count, tonumber(lo), tonumber(hi))
     end
     for _, event in ipairs(stream_of(route.kind, count)) do
       ngx.print(event)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 from aiohttp import web
 from prometheus_client.aiohttp import make_aiohttp_handler
 
+from proxy.core import envelope
+from proxy.core.control import authorized
+from proxy.core.errors import Unauthorized
+from proxy.core.headers import request_id
 from proxy.engine.lifecycle import LIFECYCLE
 from proxy.observe.metrics import METRICS
 from proxy.upstream.discovery import DISCOVERY
@@ -35,8 +41,12 @@ async def models(request: web.Request) -> web.Response:
 async def drain(request: web.Request) -> web.Response:
     """Stop taking requests and wait for those in flight: the pod's preStop hook calls this, so
     that the sidecar drains while vLLM still runs (a native sidecar's own SIGTERM comes only
-    after vLLM has exited). Answers when nothing is in flight, or when the grace is over."""
+    after vLLM has exited). Answers when nothing is in flight, or when the grace is over.
+    It takes a pod out of service, so it is taken only from inside the pod or with the control
+    token (`_may_drain`)."""
     proxy = request.app[PROXY]
+    if not _may_drain(request, proxy[LIFECYCLE].token):
+        return _drain_refused(request)
     workers = proxy.get(DRAIN)
     if workers is not None:  # --workers N: each worker drains its own
         left = await workers()
@@ -44,6 +54,44 @@ async def drain(request: web.Request) -> web.Response:
         proxy[CONNECTIONS].start_draining()
         left = await proxy[IN_FLIGHT].settle(proxy[OPTIONS].shutdown_grace)
     return web.json_response({"draining": True, "in_flight": left})
+
+
+def _may_drain(request: web.Request, token: bytes | None) -> bool:
+    """From a loopback peer (the pod's own preStop: containers of a pod share its network), or
+    carrying `Authorization: Bearer <control token>`. The admin port listens on the pod's IP
+    for Prometheus, and one call from anyone who reaches it would otherwise drain the pod."""
+    if token is not None and authorized(request.headers.get("Authorization"), token):
+        return True
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    return isinstance(peer, tuple) and _loopback(peer[0])
+
+
+def _loopback(host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # a dual-stack listener's view of 127.0.0.1
+    return address.is_loopback
+
+
+def _drain_refused(request: web.Request) -> web.Response:
+    failure = Unauthorized(
+        "POST /drain takes the pod out of service: it is taken from inside the pod (a loopback "
+        "address, as the preStop hook calls it) or with `Authorization: Bearer <token>` "
+        "(--control-token). Nothing was drained."
+    )
+    rid = request_id(request.headers)
+    return web.Response(
+        status=failure.status,
+        body=envelope.encode(envelope.from_failure(failure, request_id=rid)),
+        content_type="application/json",
+        headers={
+            "WWW-Authenticate": 'Bearer realm="vllm-sidecar admin"',
+            "X-Request-Id": rid,
+        },
+    )
 
 
 async def engine(request: web.Request) -> web.Response:

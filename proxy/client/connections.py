@@ -19,7 +19,8 @@ import contextlib
 import logging
 import resource
 import socket
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -62,7 +63,8 @@ class Connections:
 
     @staticmethod
     def now() -> float:
-        return asyncio.get_running_loop().time()
+        # Called on every read from a client: the clock itself, not a lookup of the loop first.
+        return time.monotonic()
 
     def add(self, guard: Guard) -> None:
         self.guards[guard.inner] = guard
@@ -115,26 +117,14 @@ class Connections:
         self.sweep()
 
 
-def middleware(conns: Connections) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Tells each connection's guard when a request starts and ends."""
-
-    @web.middleware
-    async def track(
-        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        guard = conns.guards.get(request.protocol)
-        if guard is None:  # a server that is not guarded (aiohttp's test server)
-            return await handler(request)
+def started(conns: Connections, request: web.Request) -> Guard | None:
+    """Tell the request's connection guard that a request started on it; the guard, to be told
+    `finished()` when it ends. Called by the handler itself: a middleware would cost every
+    request a layer of coroutine calls. None: a server that is not guarded (aiohttp's test one)."""
+    guard = conns.guards.get(request.protocol)
+    if guard is not None:
         guard.started(request.content)
-        try:
-            response = await handler(request)
-            if conns.draining:
-                response.force_close()  # answered with `Connection: close`
-            return response
-        finally:
-            guard.finished()
-
-    return track
+    return guard
 
 
 def raise_fd_limit() -> int:

@@ -20,7 +20,12 @@ from multidict import CIMultiDict
 
 from proxy.core import headers as hdrs
 from proxy.core.continuation import PART_PATH, Plan
-from proxy.core.errors import UpstreamInvalidResponse, UpstreamTimeout
+from proxy.core.errors import (
+    UpstreamDisconnected,
+    UpstreamInvalidResponse,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 from proxy.core.routes import rule
 from proxy.core.sse import is_event_stream
 from proxy.engine.gate import (
@@ -125,6 +130,15 @@ async def _exchange(
         try:
             resend = _Resend(connects < RECONNECTS, replayable and stale < RESENDS_ON_IDLE_CLOSE)
             return await _send(request, rec, body, headers, again, resend, relay, path)
+        except UpstreamUnreachable as failure:
+            if not stale:
+                raise
+            # Sent again after its connection closed unanswered, and now vLLM is not there:
+            # it may have gone down with the request, so nothing says it was never sent.
+            raise UpstreamDisconnected(
+                f"The upstream connection closed before an answer for {rec.method} {rec.path},"
+                f" and sent again on a new connection it found no upstream: {failure.message}"
+            ) from failure
         except _Rejected:
             await held_again(request, rec, attempt)
             attempt += 1

@@ -14,6 +14,8 @@ from proxy.observe.metrics import METRICS
 from proxy.observe.record import CLIENT_CLOSED, RequestRecord
 from proxy.upstream.discovery import DISCOVERY
 
+from . import connections
+from .connections import CONNECTIONS
 from .drain import IN_FLIGHT
 from .exchange import call_upstream, origin_form
 from .failures import failure_response, unexpected
@@ -22,7 +24,22 @@ from .options import OPTIONS
 
 
 async def handle(request: web.Request) -> web.StreamResponse:
-    """The proxy's one handler: the request's record, its in-flight count, and its end."""
+    """The proxy's one handler: its connection's guard told when it starts and ends."""
+    conns = request.app[CONNECTIONS]
+    guard = connections.started(conns, request)
+    if guard is None:
+        return await _handle(request)
+    try:
+        response = await _handle(request)
+        if conns.draining:
+            response.force_close()  # answered with `Connection: close`
+        return response
+    finally:
+        guard.finished()
+
+
+async def _handle(request: web.Request) -> web.StreamResponse:
+    """The request's record, its in-flight count, and its end."""
     metrics = request.app[METRICS]
     rec = RequestRecord(request.method, request.path, hdrs.request_id(request.headers))
     rec.client_request_id = hdrs.refused_request_id(request.headers, rec.request_id)
@@ -58,9 +75,16 @@ async def _respond(request: web.Request, rec: RequestRecord) -> web.StreamRespon
         if app[IN_FLIGHT].draining:
             raise ShuttingDown(_REFUSED)
         _check_target(request)
-        limit = app[OPTIONS].max_body_bytes
+        options = app[OPTIONS]
         lifecycle = admission(request, rec)  # engine lifecycle: the token, a hold deadline
-        body = await read_request(request, rec, discovery, metrics, limit)
+        body = await read_request(
+            request,
+            rec,
+            discovery,
+            metrics,
+            options.max_body_bytes,
+            bounded_pool=options.max_connections > 0,
+        )
         async with lifecycle:  # a data request's hold; the phase a control call enters
             return await call_upstream(request, rec, body)
     except SidecarFailure as failure:

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from aiohttp import StreamReader, web
+from aiohttp.http_exceptions import ContentEncodingError
 
 from proxy.core.body import (
     MAX_SLICES,
@@ -18,6 +19,7 @@ from proxy.core.body import (
     step,
 )
 from proxy.core.errors import BodyTooLarge, InvalidRequest, ModelAmbiguous
+from proxy.core.headers import inflated
 from proxy.core.modelkeys import TooComplex
 from proxy.core.resolution import ABSENT, AMBIGUOUS, UNRESOLVED, Resolution
 from proxy.observe.metrics import Metrics
@@ -44,14 +46,23 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         raise BodyTooLarge(
             f"The request body exceeds the limit of {limit} bytes (--max-body-bytes)."
         ) from None
+    except web.RequestPayloadError as exc:  # the parser's own error is its cause
+        if not isinstance(exc.__cause__, ContentEncodingError):
+            raise
+        encoding = request.headers.get("Content-Encoding", "")
+        raise InvalidRequest(
+            f"The request body is labelled `Content-Encoding: {encoding[:40]}` but does not"
+            " inflate as that; send it as labelled, or uncompressed."
+        ) from None
 
 
 def _wants_model(request: web.Request) -> bool:
+    encoding = request.headers.get("Content-Encoding", "identity")
     return (
         request.method in _BODY_METHODS
         and request.content_type.endswith("json")
-        # A compressed body is relayed as sent; its model cannot be read without inflating it.
-        and request.headers.get("Content-Encoding", "identity").lower() == "identity"
+        # An encoding the server does not inflate is relayed as sent: its model is unreadable.
+        and (encoding.lower() == "identity" or inflated(request.headers))
     )
 
 
@@ -81,7 +92,13 @@ def _outgoing(body: bytes) -> bytes | StreamedBody:
 
 
 async def read_request(
-    request: web.Request, rec: RequestRecord, discovery: Discovery, metrics: Metrics, limit: int
+    request: web.Request,
+    rec: RequestRecord,
+    discovery: Discovery,
+    metrics: Metrics,
+    limit: int,
+    *,
+    bounded_pool: bool = False,
 ) -> bytes | StreamedBody:
     """The body to forward, with only its `model` value replaced by the served name.
 
@@ -89,14 +106,34 @@ async def read_request(
     first) is not stored: its head is rewritten and the rest streams through as it arrives,
     so megabytes of token ids cost no extra round of waiting. (A second `model` key further
     on is then vLLM's to judge.)
+
+    With a `bounded_pool` (--max-connections), a body the memory budget can hold is read whole
+    first, as nginx does (`proxy_request_buffering on`): a streamed one holds a pooled
+    connection for as long as its client takes to send it, and a few clients that stall half
+    way would hold them all. Only what the budget cannot hold streams.
     """
     length, json_body = request.content_length, _wants_model(request)
+    if inflated(request.headers):
+        # aiohttp inflates it as it is read, so Content-Length (the compressed size) says
+        # nothing of what arrives: it is read whole, within --max-body-bytes of inflated bytes
+        # (a small bomb meets the limit, not the memory), and forwarded as what it now is,
+        # unlabelled, with its own length. vLLM's server inflates no request body itself.
+        length = None
+    if (
+        bounded_pool
+        and length is not None
+        and STREAM_FROM < length <= limit
+        and request.app[BUDGET].try_hold(length)
+    ):
+        body = await read_body(request, limit)
+        field = await _locate(scan_model(body)) if body and json_body else None
+        return _outgoing(await _resolved(body, field, rec, discovery, metrics))
     if length is not None and STREAM_FROM < length <= limit and not json_body:
         return StreamedBody(b"", request.content, length)  # nothing to find in it: straight on
     if length is None or length <= STREAM_FROM or not json_body or length > limit:
         if length is not None and length <= limit:
             request.app[BUDGET].hold(length)
-        body = await read_body(request, limit)
+        body = await read_body(request, limit)  # a compressed size over `limit` is refused too
         if length is None:  # chunked: its size is known only now, and counts as any other
             request.app[BUDGET].hold(len(body))
         field = await _locate(scan_model(body)) if body and json_body else None

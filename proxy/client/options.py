@@ -11,6 +11,7 @@ class ClientOptions(Protocol):
     """The flags a request's path reads (config/settings.py)."""
 
     max_body_bytes: int
+    max_connections: int  # 0: the upstream pool is unbounded
     error_body_bytes: int
     shutdown_grace: float
     continue_aborted: bool

@@ -30,8 +30,8 @@ def own_origin(location: str, upstream: URL, origin: str) -> str | None:
     return f"{origin}{rest}{query}{fragment}"
 
 
-async def redirect_here(request: web.Request, response: web.StreamResponse) -> None:
-    """on_response_prepare: a redirect to the upstream becomes one to the sidecar itself."""
+def redirect_here(request: web.Request, response: web.StreamResponse) -> None:
+    """At a response's prepare: a redirect to the upstream becomes one to the sidecar itself."""
     location = response.headers.get("Location")
     if location is None:
         return

@@ -118,12 +118,11 @@ async def stream_reply(
     stream = _Stream(out, rec, metrics, ErrorWatcher() if sse else None)
     if not await stream.start(request):
         return out
-    info = model_info(rec, discovery.table, suggest=False)
     try:
         failure = await stream.pump(resp, first)
     except asyncio.CancelledError:
         if sse and in_flight.draining:
-            await stream.end_with(ShuttingDown(_GRACE_OVER), info)
+            await stream.end_with(ShuttingDown(_GRACE_OVER), _info(rec, discovery))
         raise
     finally:
         if stream.aborted:
@@ -135,13 +134,18 @@ async def stream_reply(
             if request.transport is not None:
                 request.transport.close()
             return out
-        await stream.end_with(failure, info)
+        await stream.end_with(failure, _info(rec, discovery))
     if stream.client_gone:
         return out
     if sse and (tail := version_change(request)):
         await stream.write(tail)  # engine lifecycle: the weight version changed mid-stream
     await stream.finish()
     return out
+
+
+def _info(rec: RequestRecord, discovery: Discovery) -> ModelInfo | None:
+    # Built only for a stream that fails: most never need it.
+    return model_info(rec, discovery.table, suggest=False)
 
 
 _GRACE_OVER = "The sidecar shut down before the stream finished (--shutdown-grace ran out)."
@@ -158,32 +162,45 @@ class _Stream:
         watcher: ErrorWatcher | None,
     ) -> None:
         self.out, self.rec, self.metrics, self.watcher = out, rec, metrics, watcher
-        self.tail = b"\n\n"
+        self.last = b"\n\n"  # the last chunk relayed (SSE): did it end an event?
         self.events = EventFramer()  # SSE only: the event the upstream has not ended yet
         self.client_gone = False
 
     async def pump(self, resp: aiohttp.ClientResponse, first: bytes) -> SidecarFailure | None:
         """Relay `first`, then until the upstream ends (None), fails (the failure) or the client
-        leaves."""
-        chunks = resp.content.iter_any().__aiter__()
+        leaves.
+
+        Per chunk this is the whole of the sidecar's work, so it is kept flat: `readany()`
+        and the response's `write()` awaited here directly (`iter_any()` and a write helper
+        would each add a coroutine a chunk), and a chunk of whole events without an `"error"`
+        passes the SSE watcher with two searches (`ErrorWatcher.passes`).
+        """
+        read, write = resp.content.readany, self.out.write
+        watcher, events = self.watcher, self.events
         chunk = first
         while True:
+            if not chunk:
+                try:
+                    chunk = await read()
+                except UPSTREAM_ERRORS as exc:
+                    where = f"while streaming {self.rec.method} {self.rec.path}"
+                    return classify(exc, where=where)
+                if not chunk:  # the upstream's end
+                    if events.held:  # relayed as sent: an SSE client drops an unended event
+                        await self.write(events.held)
+                    return None
+            if watcher is not None:
+                if events.held or not watcher.passes(chunk):
+                    if watcher.feed(chunk):
+                        self.count_errors()
+                    chunk = events.whole(chunk)
+                    if not chunk:
+                        continue
+                self.last = chunk
             try:
-                chunk = chunk or await anext(chunks)
-            except StopAsyncIteration:
-                if self.events.held:  # relayed as sent: an SSE client drops an unended event
-                    await self.write(self.events.held)
-                return None
-            except UPSTREAM_ERRORS as exc:
-                return classify(exc, where=f"while streaming {self.rec.method} {self.rec.path}")
-            if self.watcher is not None:
-                if self.watcher.feed(chunk):
-                    self.count_errors()
-                chunk = self.events.whole(chunk)
-                if not chunk:
-                    continue
-                self.tail = chunk[-2:]
-            if not await self.write(chunk):
+                await write(chunk)
+            except ConnectionError:
+                self._client_left()
                 return None
             chunk = b""
 
@@ -218,7 +235,7 @@ class _Stream:
     async def end_with(self, failure: SidecarFailure, info: ModelInfo | None) -> None:
         """One SSE error event and [DONE]. The event the upstream left unended is not sent (the
         framer holds it); only one over 64 KiB may have gone out half, and is ended first."""
-        sep = b"" if self.tail.endswith(b"\n\n") else b"\n\n"
+        sep = b"" if self.last.endswith(b"\n\n") else b"\n\n"
         if await self.write(sep + sse_error(self.rec, failure, info)):
             await self.finish()
 

@@ -20,7 +20,7 @@ import orjson
 
 from .errors import InvalidJSON, InvalidModel, InvalidRequest
 from .jsonskip import Malformed
-from .modelkeys import TooComplex, model_spans
+from .modelkeys import TooComplex, leading_model, model_spans
 
 # Longer than any served name or local path; a longer one is refused rather than resolved,
 # logged and compared with every served name (difflib is quadratic).
@@ -114,6 +114,8 @@ def scan_model(body: bytes) -> Scan:
     and InvalidModel for a name longer than any served one.
     """
     _check_encoding(body)
+    if (span := leading_model(body)) is not None:
+        return _field(body, *span)
     try:
         spans = yield from model_spans(body, first_only=False)
     except Malformed as exc:

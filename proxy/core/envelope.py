@@ -19,8 +19,16 @@ SSE_DONE = b"data: [DONE]\n\n"
 class ModelBlock(TypedDict):
     requested: str | None
     resolved: str | None
-    served: list[str]
+    served: list[str]  # the first SERVED_SHOWN
     suggestions: list[str]
+    served_total: NotRequired[int]  # when there are more than SERVED_SHOWN
+
+
+# Served names an envelope lists, and its message names: with thousands of LoRA adapters, every
+# 404 would otherwise carry them all (50,001 names made each one 1.55 MB). The admin port's
+# GET /models lists them all.
+SERVED_SHOWN = 50
+SERVED_NAMED = 20
 
 
 class UpstreamBlock(TypedDict):
@@ -57,12 +65,15 @@ class ModelInfo:
     suggestions: tuple[str, ...] = ()
 
     def as_dict(self) -> ModelBlock:
-        return {
+        block: ModelBlock = {
             "requested": self.requested,
             "resolved": self.resolved,
-            "served": list(self.served),
+            "served": list(self.served[:SERVED_SHOWN]),
             "suggestions": list(self.suggestions),
         }
+        if len(self.served) > SERVED_SHOWN:
+            block["served_total"] = len(self.served)
+        return block
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +211,10 @@ def from_upstream_status(
         f"{upstream_message(body)}"
     )
     if model is not None and model.resolved is None and model.served and reply.status == 404:
-        message += f" Served: {', '.join(model.served)}"
+        more = len(model.served) - SERVED_NAMED
+        message += f" Served: {', '.join(model.served[:SERVED_NAMED])}"
+        if more > 0:
+            message += f" and {more} more (the admin port's GET /models lists them all)"
         if model.suggestions:
             message += f". Did you mean: {', '.join(model.suggestions)}?"
     type_ = err.get("type") if isinstance(err.get("type"), str) else status_type(reply.status)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import itertools
 import os
 import re
 from collections.abc import Iterable
@@ -36,6 +38,19 @@ _REQUEST_DROP = HOP_BY_HOP | {istr("Host"), istr("Content-Length"), istr("Expect
 _RESPONSE_DROP = HOP_BY_HOP
 
 
+# The encodings aiohttp's server inflates as it reads a request body (http_parser.py: exactly
+# one of these, case-insensitive). The handler sees the inflated bytes, which are what the
+# sidecar forwards: the label goes, since the body it named is gone.
+INFLATED = frozenset(("gzip", "deflate", "br", "zstd"))
+
+
+def inflated(headers: MultiMapping[str]) -> bool:
+    """Whether the request's body reached the handler inflated (its Content-Encoding is one
+    the server decodes); any other encoding is relayed as sent, label and bytes."""
+    encoding = headers.get("Content-Encoding", "")
+    return encoding.isascii() and encoding.lower() in INFLATED
+
+
 def _connection_tokens(headers: MultiMapping[str]) -> set[istr]:
     # RFC 9110 section 7.6.1: fields named by Connection are hop-by-hop too.
     return {
@@ -65,7 +80,26 @@ def request_id(headers: MultiMapping[str]) -> str:
     given = headers.get(REQUEST_ID, "")
     if _SANE_REQUEST_ID.fullmatch(given):
         return given
-    return os.urandom(16).hex()
+    return _new_id()
+
+
+class _RequestIds:
+    """32 hex digits: 16 random per process, then a count. Unique within and across processes
+    without a system call per request (os.urandom is one); ids name requests, they guard
+    nothing, so that the next is guessable is fine. A forked child draws its own prefix."""
+
+    def __init__(self) -> None:
+        self.renew()
+
+    def renew(self) -> None:
+        self._prefix, self._count = os.urandom(8).hex(), itertools.count()
+
+    def __call__(self) -> str:
+        return f"{self._prefix}{next(self._count) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+
+
+_new_id = _RequestIds()
+os.register_at_fork(after_in_child=_new_id.renew)
 
 
 def refused_request_id(headers: MultiMapping[str], rid: str) -> str | None:
@@ -83,6 +117,8 @@ def upstream_request_headers(
     host: str | None,
 ) -> CIMultiDict[str]:
     out = _filtered(headers, _REQUEST_DROP)
+    if inflated(headers):
+        out.popall("Content-Encoding")
     forwarded_for = ", ".join(v for v in (*headers.getall("X-Forwarded-For", ()), client_ip) if v)
     if forwarded_for:
         out["X-Forwarded-For"] = forwarded_for
@@ -105,6 +141,8 @@ def upstream_request_headers(
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
+# Pure, and its arguments repeat from request to request (one client, one Host): a bounded memo.
+@functools.lru_cache(maxsize=256)
 def _forwarded_element(client_ip: str | None, scheme: str, host: str | None) -> str:
     """One RFC 7239 element; values that are not tokens (IPv6, host:port) are quoted."""
 

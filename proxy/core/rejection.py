@@ -43,7 +43,7 @@ def first_event_end(data: bytes) -> int:
         end = data.find(b"\n\n", at)
         if end < 0:
             return -1
-        if not data[at:end].startswith(b":"):  # `: keep-alive` comments may come first
+        if not data.startswith(b":", at):  # `: keep-alive` comments may come first
             return end + 2
         at = end + 2
 
@@ -51,7 +51,7 @@ def first_event_end(data: bytes) -> int:
 def rejected_stream(head: bytes) -> bool:
     """A stream whose first event is the rejection: `data: {"error": {...}}`."""
     end = first_event_end(head)
-    if end < 0 or b'"error"' not in head[:end]:  # a token's event: no parse needed
+    if end < 0 or head.find(b'"error"', 0, end) < 0:  # a token's event: no parse needed
         return False
     for line in head[:end].splitlines():
         if line.startswith(b"data:"):

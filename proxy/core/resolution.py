@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 import difflib
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +52,15 @@ def _comparable(name: str) -> str:
     return basename(name[:4096]).casefold()[:_SUGGEST_CHARS]
 
 
+# Up to this many served names, a suggestion compares them all. Past it (thousands of LoRA
+# adapters), only the names nearest in sort order by their front and by their back: names
+# that share a prefix or a suffix, which is where a typo's neighbours are. A suggestion then
+# costs a bounded few hundred comparisons however many names are served (50,001 names and
+# every one compared held the loop for seconds).
+SUGGEST_ALL = 256
+_NEAR = 64  # on each side, in each order
+
+
 # key -> {model group -> served name}; more than one group under a key is an ambiguity.
 _Index = dict[str, dict[str, str]]
 
@@ -78,6 +89,7 @@ class ModelTable:
         case_insensitive: bool = True,
     ) -> None:
         self.served = tuple(served)
+        self.names = tuple(m.id for m in self.served)  # built once: every answer's envelope
         self.aliases = dict(aliases or {})
         self.case_insensitive = case_insensitive
         groups = {m.id: m.group for m in self.served}
@@ -107,10 +119,6 @@ class ModelTable:
                 (CASE, _folded(base), True),
             ]
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(m.id for m in self.served)
-
     def resolve(self, name: str) -> Resolution:
         folded = name.casefold()
         for rule, index, by_basename in self._steps:
@@ -124,16 +132,36 @@ class ModelTable:
         return Resolution(name, None, UNRESOLVED)
 
     def suggestions(self, name: str, limit: int = 3) -> tuple[str, ...]:
-        """The served names closest to `name`, for error messages."""
+        """The served names closest to `name`, for error messages; a bounded amount of work."""
         wanted = _comparable(name)
-        scored = sorted(
-            (
-                (difflib.SequenceMatcher(None, wanted, _comparable(m.id)).ratio(), m.id)
-                for m in self.served
-            ),
-            key=lambda pair: -pair[0],
-        )
-        return tuple(dict.fromkeys(mid for score, mid in scored if score >= 0.4))[:limit]
+        pool = range(len(self.names)) if len(self.names) <= SUGGEST_ALL else self._near(wanted)
+        matcher = difflib.SequenceMatcher(None, b="")
+        matcher.set_seq2(wanted)  # difflib caches what it learns of seq2
+        scored = []
+        for i in pool:
+            matcher.set_seq1(self._comparables[i])
+            scored.append((-matcher.ratio(), i))
+        scored.sort()  # best first; equal scores in served order
+        picked = (self.names[i] for score, i in scored if score <= -0.4)
+        return tuple(dict.fromkeys(picked))[:limit]
+
+    @functools.cached_property
+    def _comparables(self) -> list[str]:
+        return [_comparable(n) for n in self.names]
+
+    @functools.cached_property
+    def _sorted(self) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+        """(front, index) and (reversed, index), sorted: built at the first suggestion."""
+        front = sorted((c, i) for i, c in enumerate(self._comparables))
+        back = sorted((c[::-1], i) for i, c in enumerate(self._comparables))
+        return front, back
+
+    def _near(self, wanted: str) -> Iterable[int]:
+        near: set[int] = set()
+        for order, key in zip(self._sorted, (wanted, wanted[::-1]), strict=True):
+            at = bisect.bisect_left(order, (key, -1))
+            near.update(i for _, i in order[max(at - _NEAR, 0) : at + _NEAR])
+        return sorted(near)
 
     def describe(self) -> dict[str, Any]:
         """The table as the admin `/models` endpoint shows it."""

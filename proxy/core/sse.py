@@ -38,13 +38,26 @@ class ErrorWatcher:
         found, self.errors = self.errors, []
         return found
 
+    def passes(self, chunk: bytes) -> bool:
+        """The common chunk, told with two searches: nothing carried before it, whole events
+        (it ends with a blank line), no `"error"` in it; an abort in it is noted as `feed`
+        notes it. False: the chunk is to be fed."""
+        if self._tail or not chunk.endswith(b"\n\n") or _ERROR_MARK in chunk:
+            return False
+        if not self.aborted and _ABORT_MARK in chunk:
+            self.aborted = True
+        return True
+
     def feed(self, chunk: bytes) -> bool:
         """Watch one chunk; True when it completed an error event."""
         data = self._tail + chunk if self._tail else chunk
-        cut = data.rfind(b"\n") + 1
-        rest = len(data) - cut
-        self._tail = data[cut:] if 0 < rest <= _MAX_TAIL else b""
-        self.aborted = self.aborted or _ABORT_MARK in data
+        if data.endswith(b"\n"):  # vLLM writes each event whole: nothing is carried
+            cut, self._tail = len(data), b""
+        else:
+            cut = data.rfind(b"\n") + 1
+            self._tail = data[cut:] if len(data) - cut <= _MAX_TAIL else b""
+        if not self.aborted and _ABORT_MARK in data:
+            self.aborted = True
         if data.find(_ERROR_MARK, 0, cut) < 0:  # no copy of the chunk, unlike `in data[:cut]`
             return False
         for line in data[:cut].split(b"\n"):

@@ -188,8 +188,8 @@ def upstream_started(request: web.Request, resp: aiohttp.ClientResponse) -> None
         lifecycle.stalls.add(admission, admission.route, resp)
 
 
-async def stamp(request: web.Request, response: web.StreamResponse) -> None:
-    """on_response_prepare: the headers a phase or the weight version adds to an answer."""
+def stamp(request: web.Request, response: web.StreamResponse) -> None:
+    """At a response's prepare: the headers a phase or the weight version adds to an answer."""
     admission = request.get(ADMISSION)
     if admission is None:
         return

@@ -14,6 +14,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from proxy.core.envelope import SERVED_SHOWN
 from proxy.core.resolution import ModelTable, ServedModel
 from proxy.observe.logs import text_field
 from proxy.observe.metrics import Metrics
@@ -111,7 +112,8 @@ class Discovery:
     def set_models(self, served: Sequence[ServedModel]) -> None:
         if [m.id for m in served] != list(self.table.names):
             log.info("upstream serves %s", _listed([m.id for m in served]))
-        self.table = self.make_table(served)
+        if tuple(served) != self.table.served:  # the same list keeps its table (and indexes)
+            self.table = self.make_table(served)
         self.models_known = True
 
     def set_health(self, ok: bool, error: str) -> None:
@@ -137,13 +139,17 @@ class Discovery:
 
     def readiness(self, *, draining: bool = False) -> tuple[bool, dict[str, Any]]:
         ready = self.healthy and self.models_known and not draining
-        return ready, {
+        names = self.table.names
+        detail: dict[str, Any] = {
             "ready": ready,
             "reason": self._unready_reason(draining),
             "upstream": str(self.base),
             "upstream_healthy": self.healthy,
-            "served": list(self.table.names),
+            "served": list(names[:SERVED_SHOWN]),  # probed every few seconds: GET /models has all
         }
+        if len(names) > SERVED_SHOWN:
+            detail["served_total"] = len(names)
+        return ready, detail
 
     def _unready_reason(self, draining: bool) -> str | None:
         """Why the sidecar is not ready: draining first, then the upstream's health, then names."""

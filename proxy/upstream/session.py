@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import logging
 from typing import Any
@@ -184,8 +185,13 @@ def closed_while_idle(exc: BaseException) -> bool:
     byte of an answer: uvicorn closes one idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s), and its
     close can cross the next request on the wire. Such a request was never read; browsers send
     it again on a new connection, whatever its method (aiohttp does so only for idempotent ones).
-    A connection of its own closed unanswered is another matter (vLLM died on it): not this."""
+    A connection of its own closed unanswered is another matter (vLLM died on it): not this.
+    Nor is a reset of an open connection: uvicorn's close is a FIN, so a request crossing it
+    meets EOF, or the RST of a socket already closed (EPIPE, in CLOSE_WAIT); ECONNRESET comes
+    from a vLLM that had the request, and may have run it."""
     if isinstance(exc, aiohttp.ClientConnectorError):  # a new connection that failed
+        return False
+    if isinstance(exc, ConnectionResetError) or getattr(exc, "errno", None) == errno.ECONNRESET:
         return False
     return (
         isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError) and _REUSED.get()

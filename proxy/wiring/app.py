@@ -45,11 +45,28 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
 
 @web.middleware
 async def _every_target(request: web.Request, handler: Handler) -> web.StreamResponse:
-    # `OPTIONS *` and `CONNECT host:443` match no route: `handle` answers them with an envelope
-    # and counts them, instead of aiohttp's plain 404.
+    # `CONNECT host:443` has no path at all, so it reaches no resource: `handle` answers it
+    # with an envelope and counts it, instead of aiohttp's plain 404.
     if request.match_info.http_exception is not None:
         return await handle(request)
     return await handler(request)
+
+
+async def _prepared(request: web.Request, response: web.StreamResponse) -> None:
+    # One signal receiver, the two steps plain calls: each receiver is a coroutine per answer.
+    stamp(request, response)
+    redirect_here(request, response)
+
+
+class _Everything(web.PlainResource):
+    """Every path (an encoded newline, `%0A`, is a path too), matched without a regular
+    expression: aiohttp's router reaches the resource at `/` for every origin-form path."""
+
+    def _match(self, path: str) -> dict[str, str] | None:
+        return {}
+
+    def raw_match(self, path: str) -> bool:
+        return True
 
 
 def create_app(
@@ -72,10 +89,9 @@ def create_app(
     app[DISCOVERY] = discovery(settings, metrics, app[UPSTREAM])
     app[BUDGET] = budget = Budget(settings.buffer_budget_bytes, metrics)
     app[IN_FLIGHT] = in_flight = InFlight()
-    app[CONNECTIONS] = conns = connections.Connections(
+    app[CONNECTIONS] = connections.Connections(
         _limits(settings), metrics, in_flight, on_quiet=budget.trim
     )
-    app.middlewares.append(connections.middleware(conns))
     app[LIFECYCLE] = engine = lifecycle(
         metrics.engine,
         hold_timeout=settings.phase_hold_timeout,
@@ -84,11 +100,11 @@ def create_app(
         long_after=settings.phase_long_after,
     )
     app[DISCOVERY].patient = lambda: engine.phase != SERVING or engine.state.calls > 0
-    app.on_response_prepare.append(stamp)
-    app.on_response_prepare.append(redirect_here)
+    app.on_response_prepare.append(_prepared)
     app.cleanup_ctx.append(_upstream_ctx)
-    # `[\s\S]`, not `.`: a path with an encoded newline (`%0A`) is a path too.
-    app.router.add_route("*", r"/{tail:[\s\S]*}", handle, expect_handler=expect)
+    everything = _Everything("/")
+    app.router.register_resource(everything)
+    everything.add_route("*", handle, expect_handler=expect)
     return app
 
 

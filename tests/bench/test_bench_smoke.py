@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCENARIOS = {"json-c1", "json-c64", "sse-c1", "sse-c64", "ids8mb-c1", "sse500-c64"}
+SCENARIOS = {
+    "json-c1", "json-c64", "sse-c1", "sse-c64", "ids8mb-c1", "sse500-c64", "rl-512", "held-2000",
+}  # fmt: skip
 REQUIRED = ("direct", "nginx", "baseline", "sidecar")
 
 pytestmark = pytest.mark.slow
@@ -93,3 +95,27 @@ def test_workers_scale_and_sse_cost_per_event_are_reported(bench: Bench) -> None
     md = (bench[1] / "results.md").read_text()
     assert "## Worker processes" in md
     assert "## Cost per SSE event" in md
+
+
+def test_rl_shaped_cells_time_every_event_and_every_held_request(bench: Bench) -> None:
+    doc = json.loads((bench[1] / "results.json").read_text())
+    rows = {(r["target"], r["scenario"]): r for r in doc["runs"]}
+    for name in REQUIRED:
+        rl, held = rows[(name, "rl-512")], rows[(name, "held-2000")]
+        assert rl["requests"] > 512  # events timed: every stream sent several
+        assert rl["gap_p50_us"] is not None
+        assert held["requests"] == held["held"]  # every held request answered after the resume
+    for name in ("baseline", "sidecar"):
+        assert rows[(name, "rl-512")]["rss_per_stream_kb"] is not None
+        assert rows[(name, "held-2000")]["rss_per_held_kb"] is not None
+    md = (bench[1] / "results.md").read_text()
+    assert "(`rl-512`)" in md
+    assert "RSS per held request" in md
+
+
+def test_chart_is_drawn_where_matplotlib_is_installed(bench: Bench) -> None:
+    proc, out = bench
+    if not (ROOT / ".venv-bench-chart" / "bin" / "python").exists():
+        assert "chart: skipped" in proc.stdout
+        pytest.skip("no .venv-bench-chart (scripts/test-env.d/60-bench.sh makes it)")
+    assert (out / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

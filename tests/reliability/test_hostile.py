@@ -4,14 +4,18 @@ must decide it answers with an envelope; a client's mistake never gets a 5xx of 
 from __future__ import annotations
 
 import asyncio
+import gzip
+import io
 import json
+import zlib
+from collections.abc import Callable
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from tests.fake_vllm import FakeVLLM, respond
-from tests.sidecar import MakeSidecar, Sidecar, failures, raw_http
+from tests.sidecar import MakeSidecar, Sidecar, assert_envelope, failures, raw_http
 
 # vLLM's answer to a body its request model rejects (shape from vllm-samples/f5_max_tokens_type).
 VLLM_422 = (
@@ -425,3 +429,74 @@ async def test_a_redirect_to_vllm_leads_back_to_the_sidecar(
     assert resp.status == 307
     assert resp.headers["Location"] == f"http://{resp.url.host}:{resp.url.port}/pause"
     assert fake.last("/pause/").headers["Host"] != f"{resp.url.host}:{resp.url.port}"
+
+
+# -- compressed request bodies: forwarded as what they are once inflated ---------------------
+@pytest.mark.parametrize(
+    ("encoding", "compress"),
+    [("gzip", gzip.compress), ("deflate", zlib.compress), ("GZip", gzip.compress)],
+)
+async def test_a_compressed_body_reaches_vllm_inflated_and_labelled_so(
+    sidecar: Sidecar, fake: FakeVLLM, encoding: str, compress: Callable[[bytes], bytes]
+) -> None:
+    """aiohttp inflates gzip/deflate/br/zstd as it reads a request: the sidecar forwards the
+    inflated body with its own length and no Content-Encoding (it was labelled gzip and cut
+    at the compressed length past 1 MiB), its model resolved like any other."""
+    ids = [i % 1000 for i in range(500_000)]  # ~2.4 MB inflated: once streamed, and cut
+    body = json.dumps({"model": "org/tiny-model", "prompt": [ids], "max_tokens": 1}).encode()
+    resp = await sidecar.client.post(
+        "/v1/completions",
+        data=compress(body),
+        headers={"Content-Type": "application/json", "Content-Encoding": encoding},
+    )
+    assert resp.status == 200, await resp.text()
+    got = fake.last("/v1/completions")
+    assert "Content-Encoding" not in got.headers
+    assert int(got.headers["Content-Length"]) == len(got.body)
+    sent = json.loads(got.body)
+    assert sent["model"] == "tiny-model"
+    assert sent["prompt"] == [ids]
+    assert got.body == body.replace(b'"org/tiny-model"', b'"tiny-model"')
+
+
+async def test_a_compression_bomb_meets_the_body_limit(
+    upstream: TestServer, make_sidecar: MakeSidecar, fake: FakeVLLM
+) -> None:
+    sidecar = await make_sidecar(str(upstream.make_url("")), max_body_bytes=100_000)
+    bomb = gzip.compress(b'{"model": "org/tiny-model", "prompt": "' + b"a" * 50_000_000 + b'"}')
+    assert len(bomb) < 100_000  # under the limit as sent
+    resp = await sidecar.client.post(
+        "/v1/completions",
+        data=bomb,
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+    )
+    await assert_envelope(resp, 413, "body_too_large")
+    assert completions_seen(fake) == 0
+
+
+async def test_a_body_that_does_not_inflate_is_a_400(sidecar: Sidecar, fake: FakeVLLM) -> None:
+    resp = await sidecar.client.post(
+        "/v1/completions",
+        data=b"\x1f\x8b\x08\x00 not gzip at all",
+        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+    )
+    err = await assert_envelope(resp, 400, "invalid_request")
+    assert "gzip" in err["message"]
+    assert completions_seen(fake) == 0
+
+
+async def test_an_encoding_the_server_does_not_inflate_passes_byte_for_byte(
+    sidecar: Sidecar, fake: FakeVLLM
+) -> None:
+    """Stacked or unknown encodings are not inflated: label and bytes go on as sent."""
+    raw = gzip.compress(gzip.compress(b'{"model": "org/tiny-model"}')) + b"x" * (2 << 20)
+    for encoding in ("gzip, gzip", "compress"):
+        resp = await sidecar.client.post(
+            "/v1/completions",
+            data=io.BytesIO(raw),
+            headers={"Content-Type": "application/json", "Content-Encoding": encoding},
+        )
+        await resp.read()
+        got = fake.last("/v1/completions")
+        assert got.body == raw
+        assert got.headers["Content-Encoding"] == encoding

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import struct
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -11,7 +13,15 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from tests.fake_vllm import FakeVLLM, hang
-from tests.sidecar import COMPLETION, MakeSidecar, StartSidecar, assert_envelope, failures
+from tests.metrics import scrape
+from tests.sidecar import (
+    COMPLETION,
+    MakeSidecar,
+    StartSidecar,
+    admin_of,
+    assert_envelope,
+    failures,
+)
 from tests.support import eventually
 
 MiB = 1 << 20
@@ -98,8 +108,10 @@ class IdleClosingUpstream:
     connection crossing its next request on the wire. GETs (the health checks) are answered
     and closed, so that only the POSTs reuse connections."""
 
-    def __init__(self, answers: int) -> None:
+    def __init__(self, answers: int, *, reset: bool = False, then_down: bool = False) -> None:
         self.answers = answers
+        self.reset = reset  # the unanswered request gets a reset (RST), not a close (FIN)
+        self.then_down = then_down  # and the server stops listening as it drops it
         self.answered: list[str] = []
         self.unanswered: list[str] = []
         self.server: asyncio.Server | None = None
@@ -117,6 +129,13 @@ class IdleClosingUpstream:
                     return
                 if served == self.answers:
                     self.unanswered.append(rid)
+                    if self.then_down and self.server is not None:
+                        self.server.close()
+                    if self.reset:
+                        linger = struct.pack("ii", 1, 0)  # closed at once: an RST
+                        writer.get_extra_info("socket").setsockopt(
+                            socket.SOL_SOCKET, socket.SO_LINGER, linger
+                        )
                     return
                 served += 1
                 self.answered.append(rid)
@@ -133,8 +152,8 @@ class IdleClosingUpstream:
         return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
 
-async def idle_closing(answers: int) -> IdleClosingUpstream:
-    upstream = IdleClosingUpstream(answers)
+async def idle_closing(answers: int, **faults: bool) -> IdleClosingUpstream:
+    upstream = IdleClosingUpstream(answers, **faults)
     upstream.server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
     return upstream
 
@@ -160,6 +179,50 @@ async def test_a_request_that_meets_vllm_closing_an_idle_connection_is_sent_agai
         assert resp.status == 200, await resp.text()
     assert upstream.unanswered == [*ids[1:], "pause"]  # each met a closing connection once
     assert upstream.answered == [*ids, "pause"]  # and was answered on a new one
+
+
+async def test_a_reset_on_a_reused_connection_is_not_sent_again(
+    make_sidecar: MakeSidecar,
+) -> None:
+    """uvicorn's idle close is a FIN, and a request crossing it meets at worst the RST of a
+    closed socket (EPIPE); a reset of an open connection (ECONNRESET) came from a vLLM that had
+    the request, and may have run it: the client gets its 502, and vLLM saw the request once
+    (the chaos run found such requests run twice)."""
+    upstream = await idle_closing(answers=1, reset=True)
+    async with upstream.server:  # type: ignore[union-attr]
+        sidecar = await make_sidecar(
+            upstream.url, ready=False, served_model_names=["tiny-model"], health_interval=3600
+        )
+        first = await sidecar.client.post("/v1/completions", json=COMPLETION)
+        assert first.status == 200
+        resp = await sidecar.client.post(
+            "/v1/completions", json=COMPLETION, headers={"X-Request-Id": "reset"}
+        )
+        await assert_envelope(resp, 502, "upstream_disconnected")
+    assert upstream.unanswered == ["reset"]
+    assert len(upstream.answered) == 1
+
+
+async def test_a_resend_that_finds_vllm_gone_reports_the_drop_not_an_unsent_request(
+    make_sidecar: MakeSidecar,
+) -> None:
+    """A request whose reused connection closed unanswered is sent again; when vLLM went down
+    with it, the new connection is refused. vLLM may have had the request, so the client is told
+    the connection dropped (`upstream_disconnected`), never `upstream_unreachable`, which says
+    that nothing was sent."""
+    upstream = await idle_closing(answers=1, then_down=True)
+    async with upstream.server:  # type: ignore[union-attr]
+        sidecar = await make_sidecar(
+            upstream.url, ready=False, served_model_names=["tiny-model"], health_interval=3600
+        )
+        first = await sidecar.client.post("/v1/completions", json=COMPLETION)
+        assert first.status == 200
+        resp = await sidecar.client.post(
+            "/v1/completions", json=COMPLETION, headers={"X-Request-Id": "gone"}
+        )
+        err = await assert_envelope(resp, 502, "upstream_disconnected")
+        assert "sent again" in err["message"]
+    assert upstream.unanswered == ["gone"]
 
 
 async def test_a_connection_of_its_own_closed_unanswered_is_not_sent_again(
@@ -199,24 +262,60 @@ async def test_wait_for_a_pooled_connection_is_bounded(
     holder.cancel()
 
 
-async def test_stalled_body_does_not_hold_the_pool(
+async def _stall(url: str, body: bytes, sent: int) -> asyncio.StreamWriter:
+    """A client that sends the head and `sent` bytes of `body`, then nothing."""
+    host, port = url.removeprefix("http://").split(":")
+    _, writer = await asyncio.open_connection(host, int(port))
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    writer.write(head + b"Content-Length: %d\r\n\r\n" % len(body) + body[:sent])
+    await writer.drain()
+    return writer
+
+
+_LARGE = b'{"model": "tiny-model", "prompt": "' + b"x" * (2 * MiB) + b'"}'
+
+
+async def test_stalled_bodies_do_not_take_a_bounded_pool(
     upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
 ) -> None:
-    """A client that stops half way through a streamed body lets its pooled connection go."""
+    """With --max-connections, a body the budget can hold is read whole before a pooled
+    connection is taken (nginx's `proxy_request_buffering on`): two clients that stop 70 KB
+    into 2 MiB bodies hold none of the two, and a third request is answered at once."""
+    proc, url = await start_sidecar(
+        str(upstream.make_url("")),
+        "--max-connections", "2", "--pool-timeout", "1", "--health-interval", "3600",
+    )  # fmt: skip
+    stalled = [await _stall(url, _LARGE, 70_000) for _ in range(2)]
+
+    async def both_in() -> bool:
+        metrics = await scrape(admin_of(proc))
+        return metrics.value("vllm_sidecar_in_flight_requests", {"route": "/v1/completions"}) == 2
+
+    await eventually(both_in, "both stalled requests are in")
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/v1/completions", json=COMPLETION) as resp:
+            assert resp.status == 200, await resp.text()
+    assert fake.arriving.count("/v1/completions") == 1  # the third: the stalled went nowhere
+    metrics = await scrape(admin_of(proc))
+    assert metrics.value("vllm_sidecar_buffered_bytes", {}) == 2 * len(_LARGE)
+    for writer in stalled:
+        writer.close()
+
+
+async def test_a_body_past_the_budget_streams_and_a_stall_lets_its_connection_go(
+    upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
+) -> None:
+    """A body the memory budget cannot hold streams through on a pooled connection taken early;
+    when its client stops half way, the body timeout lets that connection go."""
     _, url = await start_sidecar(
         str(upstream.make_url("")),
         "--max-connections", "1", "--client-body-timeout", "0.5", "--health-interval", "3600",
+        "--buffer-budget-bytes", str(MiB),
     )  # fmt: skip
-    host, port = url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    body = b'{"model": "tiny-model", "prompt": "' + b"x" * (2 * MiB) + b'"}'
-    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-    writer.write(head + b"Content-Length: %d\r\n\r\n" % len(body) + body[: MiB + 100])
-    await writer.drain()
+    writer = await _stall(url, _LARGE, MiB + 100)
     # Its head is upstream, holding the one connection.
     await eventually(lambda: "/v1/completions" in fake.arriving, "the head is upstream")
     async with aiohttp.ClientSession() as session:
         resp = await asyncio.wait_for(session.get(f"{url}/v1/models"), 10)
         assert resp.status == 200, await resp.text()
-    assert await asyncio.wait_for(reader.read(), 5) == b""
     writer.close()
