@@ -8,6 +8,7 @@ would do. The sidecar must beat it (issue 6).
 import argparse
 import asyncio
 import json
+from typing import Any
 
 import aiohttp
 import uvloop
@@ -66,7 +67,13 @@ async def _low_level(args: argparse.Namespace, app: web.Application) -> None:
         async def handler(request: web.BaseRequest) -> web.StreamResponse:
             return await _forward(request, app)
 
-        server = web_server.Server(handler, client_max_size=64 * 1024 * 1024)
+        loop = asyncio.get_running_loop()
+
+        def request(*parts: Any) -> web.BaseRequest:
+            # Server's own factory leaves BaseRequest's 1 MiB body limit (it takes no size).
+            return web.BaseRequest(*parts, loop, client_max_size=64 * 1024 * 1024)
+
+        server = web_server.Server(handler, request_factory=request)
         runner = web.ServerRunner(server, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", args.port).start()

@@ -62,7 +62,10 @@ def test_json_report_has_every_cell_of_the_required_targets(
             assert set(row["sidecar_over_target"]) == {"rps", "added_p50", "cpu_per_1k", "rss"}
     for row in doc["runs"]:
         if row["target"] in ("nginx", "baseline", "sidecar") and row["status"] == "ok":
-            assert row["cpu_ms_per_1k"] > 0
+            # Counted in 10 ms clock ticks: nginx can hold 200 requests through a pause in less
+            # than one, so for held-2000 only that the figure was taken.
+            floor = 0 if row["scenario"] == "held-2000" else 1e-9
+            assert row["cpu_ms_per_1k"] >= floor, row
             assert row["rss_mb"] > 1
     assert doc["targets"]["sidecar"]["idle_rss_mb"] > 1
     assert "goals" not in doc  # figures, not a pass/fail tally against targets
