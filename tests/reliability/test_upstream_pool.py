@@ -17,6 +17,7 @@ from tests.metrics import scrape
 from tests.sidecar import (
     COMPLETION,
     MakeSidecar,
+    Sidecar,
     StartSidecar,
     admin_of,
     assert_envelope,
@@ -158,6 +159,20 @@ async def idle_closing(answers: int, **faults: bool) -> IdleClosingUpstream:
     return upstream
 
 
+async def in_front_of(upstream: IdleClosingUpstream, make_sidecar: MakeSidecar) -> Sidecar:
+    """A sidecar for the raw upstream: its names given, no health checks to share its pool."""
+    return await make_sidecar(
+        upstream.url, ready=False, served_model_names=["tiny-model"], health_interval=3600
+    )
+
+
+async def after_one_answer(upstream: IdleClosingUpstream, make_sidecar: MakeSidecar) -> Sidecar:
+    """`in_front_of`, with one request answered: the next goes out on a reused connection."""
+    sidecar = await in_front_of(upstream, make_sidecar)
+    assert (await sidecar.client.post("/v1/completions", json=COMPLETION)).status == 200
+    return sidecar
+
+
 async def test_a_request_that_meets_vllm_closing_an_idle_connection_is_sent_again(
     make_sidecar: MakeSidecar,
 ) -> None:
@@ -165,9 +180,7 @@ async def test_a_request_that_meets_vllm_closing_an_idle_connection_is_sent_agai
     never read: it is sent again on a new connection, whatever its method, not failed."""
     upstream = await idle_closing(answers=1)
     async with upstream.server:  # type: ignore[union-attr]
-        sidecar = await make_sidecar(
-            upstream.url, ready=False, served_model_names=["tiny-model"], health_interval=3600
-        )
+        sidecar = await in_front_of(upstream, make_sidecar)
         ids = [f"client-{i}" for i in range(4)]
         for rid in ids:  # one after the other: each after the first reuses a connection
             resp = await sidecar.client.post(
@@ -190,11 +203,7 @@ async def test_a_reset_on_a_reused_connection_is_not_sent_again(
     (the chaos run found such requests run twice)."""
     upstream = await idle_closing(answers=1, reset=True)
     async with upstream.server:  # type: ignore[union-attr]
-        sidecar = await make_sidecar(
-            upstream.url, ready=False, served_model_names=["tiny-model"], health_interval=3600
-        )
-        first = await sidecar.client.post("/v1/completions", json=COMPLETION)
-        assert first.status == 200
+        sidecar = await after_one_answer(upstream, make_sidecar)
         resp = await sidecar.client.post(
             "/v1/completions", json=COMPLETION, headers={"X-Request-Id": "reset"}
         )
@@ -212,11 +221,7 @@ async def test_a_resend_that_finds_vllm_gone_reports_the_drop_not_an_unsent_requ
     that nothing was sent."""
     upstream = await idle_closing(answers=1, then_down=True)
     async with upstream.server:  # type: ignore[union-attr]
-        sidecar = await make_sidecar(
-            upstream.url, ready=False, served_model_names=["tiny-model"], health_interval=3600
-        )
-        first = await sidecar.client.post("/v1/completions", json=COMPLETION)
-        assert first.status == 200
+        sidecar = await after_one_answer(upstream, make_sidecar)
         resp = await sidecar.client.post(
             "/v1/completions", json=COMPLETION, headers={"X-Request-Id": "gone"}
         )
@@ -232,9 +237,7 @@ async def test_a_connection_of_its_own_closed_unanswered_is_not_sent_again(
     may have run, so the client gets the 502, and vLLM saw the request once."""
     upstream = await idle_closing(answers=0)
     async with upstream.server:  # type: ignore[union-attr]
-        sidecar = await make_sidecar(
-            upstream.url, ready=False, served_model_names=["tiny-model"], health_interval=3600
-        )
+        sidecar = await in_front_of(upstream, make_sidecar)
         resp = await sidecar.client.post(
             "/v1/completions", json=COMPLETION, headers={"X-Request-Id": "once"}
         )
