@@ -119,25 +119,27 @@ async def read_request(
         # (a small bomb meets the limit, not the memory), and forwarded as what it now is,
         # unlabelled, with its own length. vLLM's server inflates no request body itself.
         length = None
-    if (
-        bounded_pool
-        and length is not None
-        and STREAM_FROM < length <= limit
-        and request.app[BUDGET].try_hold(length)
-    ):
-        body = await read_body(request, limit)
-        field = await _locate(scan_model(body)) if body and json_body else None
-        return _outgoing(await _resolved(body, field, rec, discovery, metrics))
-    if length is not None and STREAM_FROM < length <= limit and not json_body:
-        return StreamedBody(b"", request.content, length)  # nothing to find in it: straight on
-    if length is None or length <= STREAM_FROM or not json_body or length > limit:
-        if length is not None and length <= limit:
-            request.app[BUDGET].hold(length)
-        body = await read_body(request, limit)  # a compressed size over `limit` is refused too
-        if length is None:  # chunked: its size is known only now, and counts as any other
-            request.app[BUDGET].hold(len(body))
-        field = await _locate(scan_model(body)) if body and json_body else None
-        return _outgoing(await _resolved(body, field, rec, discovery, metrics))
+    held = False
+    if length is not None and STREAM_FROM < length <= limit:
+        held = bounded_pool and request.app[BUDGET].try_hold(length)
+        if not held and not json_body:
+            return StreamedBody(b"", request.content, length)  # nothing to find: straight on
+        if not held:
+            return await _head_first(request, rec, discovery, metrics, length)
+    if not held and length is not None and length <= limit:
+        request.app[BUDGET].hold(length)
+    body = await read_body(request, limit)  # a declared size over `limit` is refused unread
+    if length is None:  # chunked or inflated: its size is known only now, and counts as any
+        request.app[BUDGET].hold(len(body))
+    field = await _locate(scan_model(body)) if body and json_body else None
+    return _outgoing(await _resolved(body, field, rec, discovery, metrics))
+
+
+async def _head_first(
+    request: web.Request, rec: RequestRecord, discovery: Discovery, metrics: Metrics, length: int
+) -> bytes | StreamedBody:
+    """A large JSON body: its model found in its head, which is rewritten while the rest
+    streams through; or, when the model is further on, the whole body read and rewritten."""
     try:
         head = await request.content.readexactly(HEAD_BYTES)
     except asyncio.IncompleteReadError:

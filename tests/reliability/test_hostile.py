@@ -7,6 +7,7 @@ import asyncio
 import gzip
 import io
 import json
+import random
 import zlib
 from collections.abc import Callable
 
@@ -14,6 +15,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from proxy.client.inbound import STREAM_FROM
 from tests.fake_vllm import FakeVLLM, respond
 from tests.sidecar import MakeSidecar, Sidecar, assert_envelope, failures, raw_http
 
@@ -442,11 +444,16 @@ async def test_a_compressed_body_reaches_vllm_inflated_and_labelled_so(
     """aiohttp inflates gzip/deflate/br/zstd as it reads a request: the sidecar forwards the
     inflated body with its own length and no Content-Encoding (it was labelled gzip and cut
     at the compressed length past 1 MiB), its model resolved like any other."""
-    ids = [i % 1000 for i in range(500_000)]  # ~2.4 MB inflated: once streamed, and cut
+    # Random ids: even compressed the body is over STREAM_FROM, the size that was streamed and
+    # cut at the compressed length (4.6 MB inflated, ~2 MB compressed).
+    draw = random.Random(20)
+    ids = [draw.randrange(1000) for _ in range(1_200_000)]
     body = json.dumps({"model": "org/tiny-model", "prompt": [ids], "max_tokens": 1}).encode()
+    sent_bytes = compress(body)
+    assert len(sent_bytes) > STREAM_FROM
     resp = await sidecar.client.post(
         "/v1/completions",
-        data=compress(body),
+        data=io.BytesIO(sent_bytes),
         headers={"Content-Type": "application/json", "Content-Encoding": encoding},
     )
     assert resp.status == 200, await resp.text()
