@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 
 from tests.e2e._servers import TinyModel, VllmServer
+from tests.e2e._support import metric
 from tests.processes import running
 from tests.sidecar import MakeSidecar, Sidecar
 from tests.skyrl.dev_vllm import tiny_model_dir
@@ -26,7 +27,7 @@ from tests.support import eventually
 pytestmark = pytest.mark.vllm
 
 GENERATE = "/inference/v1/generate"
-MAX_TOKENS = 2000  # over ten seconds on a CPU, unbound: running when the cut lands
+MAX_TOKENS = 2000  # seconds on a CPU: still running when the cut lands at its first tokens
 
 
 @pytest.fixture(scope="module")
@@ -58,15 +59,21 @@ def batch(tag: int) -> dict[str, Any]:
     }
 
 
-async def generating(front: Sidecar) -> None:
-    """Once the sidecar sent the generation on (at once: the engine serves), and a moment more:
-    nothing of vLLM's says how far it got. The generations are long, so that the cut lands
-    during them, and each test checks that a cut came."""
-    await eventually(
-        lambda: front.metric("vllm_sidecar_in_flight_requests", route=GENERATE) >= 1,
-        "the generation is on its way to vLLM",
-    )
-    await asyncio.sleep(1.0)
+async def tokens(vllm: VllmServer) -> float:
+    """How many tokens vLLM generated so far, by its own /metrics."""
+    async with aiohttp.ClientSession() as http:
+        return await metric(http, f"{vllm.url}/metrics", "vllm:generation_tokens_total")
+
+
+async def generating(vllm: VllmServer, before: float) -> None:
+    """Until vLLM itself generates the request's tokens, so that the cut that follows lands
+    inside the generation on any machine. A fixed second after the sidecar sent it did not: on
+    one CI run the stock client got all its tokens with no cut at all."""
+
+    async def started() -> bool:
+        return await tokens(vllm) > before
+
+    await eventually(started, "vLLM generates the request's tokens", within=60)
 
 
 @pytest.mark.parametrize("phase", ["pause", "sleep"])
@@ -75,8 +82,9 @@ async def test_the_stock_client_gets_every_token_across_an_abort(
 ) -> None:
     client = stock(url(front), model=vllm.hf_path)  # type: ignore[attr-defined]
     try:
+        before = await tokens(vllm)
         asked = asyncio.create_task(client.generate(batch(1)))
-        await generating(front)
+        await generating(vllm, before)
         if phase == "pause":
             await client.pause(mode="abort")
             await client.resume()
@@ -97,8 +105,9 @@ async def test_the_companion_says_which_weights_made_which_tokens(
 ) -> None:
     client = companion(url(front), model=vllm.hf_path)  # type: ignore[attr-defined]
     try:
+        before = await tokens(vllm)
         asked = asyncio.create_task(client.generate(batch(2)))
-        await generating(front)
+        await generating(vllm, before)
         await client.pause(mode="abort")
         async with aiohttp.ClientSession() as http:
             for path, body in (("/start_weight_update", {}), ("/finish_weight_update", {})):
