@@ -132,9 +132,24 @@ class FakeVLLM:
                 "root": root,
                 "parent": None,
                 "max_model_len": self.max_model_len,
-                "permission": [],
+                "permission": [
+                    {
+                        "id": f"modelperm-{i:016x}",
+                        "object": "model_permission",
+                        "created": 1795982287,
+                        "allow_create_engine": False,
+                        "allow_sampling": True,
+                        "allow_logprobs": True,
+                        "allow_search_indices": False,
+                        "allow_view": True,
+                        "allow_fine_tuning": False,
+                        "organization": "*",
+                        "group": None,
+                        "is_blocking": False,
+                    }
+                ],
             }
-            for name, root in self.served
+            for i, (name, root) in enumerate(self.served)
         ]
         return json_response({"object": "list", "data": data})
 

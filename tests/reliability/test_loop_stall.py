@@ -9,8 +9,10 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import cast
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from proxy.core.envelope import SERVED_NAMED, SERVED_SHOWN
@@ -160,3 +162,33 @@ async def test_a_huge_model_list_costs_an_unknown_name_a_bounded_search(
     assert (ready["served"], ready["served_total"]) == (ADAPTERS[:SERVED_SHOWN], len(ADAPTERS))
     listed = await (await sidecar.admin.get("/models")).json()
     assert [m["id"] for m in listed["served"]] == ADAPTERS  # all of them, where one asks
+
+
+async def test_a_huge_model_list_read_again_unchanged_is_not_parsed_on_the_loop(
+    upstream: TestServer, make_sidecar: MakeSidecar, fake: FakeVLLM
+) -> None:
+    # 50,001 adapters discovered, as vLLM lists them (22 MB), served from bytes made once here:
+    # the fake shares this loop. Each unknown name has the list read again (and so does every
+    # --discovery-interval); parsing it again held the loop a few hundred ms.
+    fake.served = [(name, f"/adapters/{name}") for name in ADAPTERS]
+    listed = (await fake.models(cast(web.Request, None))).body
+    assert isinstance(listed, bytes)
+    assert len(listed) > 20_000_000
+
+    async def models(request: web.Request) -> web.Response:
+        return web.Response(body=listed, content_type="application/json")
+
+    fake.script("GET /v1/models", models, times=10)
+    sidecar = await make_sidecar(str(upstream.make_url("")))  # parses it: the table is built
+    fake.script("POST /v1/completions", respond(404, NOT_FOUND), times=2)
+    unknown = {"model": "tenant-12345-adaptr", "prompt": "hi"}
+    assert (await sidecar.client.post("/v1/completions", json=unknown)).status == 404
+    reads = fake.forwarded("/v1/models")
+    async with stall_probe() as stalls:
+        resp = await sidecar.client.post("/v1/completions", json=unknown)
+        raw = await resp.read()
+    assert fake.forwarded("/v1/models") == reads + 1  # read again, whole
+    assert stalls.cpu < STALL_BOUND, f"the loop was held {stalls.cpu:.3f} s"
+    assert json.loads(raw)["error"]["model"]["suggestions"][0] == "tenant-12345-adapter"
+    ready = await (await sidecar.admin.get("/readyz")).json()
+    assert ready["served_total"] == len(ADAPTERS)
