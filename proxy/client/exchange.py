@@ -1,17 +1,13 @@
-"""One request's exchange with vLLM: sent (again, where it provably did not run), relayed back.
-
-Sent again, never twice run: a request vLLM 0.33 rejected as paused (client/peek.py), one whose
-connection a healthy vLLM accepted too late (nothing was sent), and one that went out on a
-kept-alive connection vLLM was closing as idle (it was never read). /health is answered within
-a bound whatever vLLM is busy with.
+"""One request's exchange with vLLM: sent (again, where it provably did not run: resend.py),
+relayed back the way its answer needs. /health is answered within a bound whatever vLLM is busy
+with.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Awaitable
 from typing import cast
 
 import aiohttp
@@ -20,34 +16,15 @@ from multidict import CIMultiDict
 
 from proxy.core import headers as hdrs
 from proxy.core.continuation import PART_PATH, Plan
-from proxy.core.errors import (
-    UpstreamDisconnected,
-    UpstreamInvalidResponse,
-    UpstreamTimeout,
-    UpstreamUnreachable,
-)
+from proxy.core.errors import UpstreamInvalidResponse, UpstreamTimeout
 from proxy.core.routes import rule
 from proxy.core.sse import is_event_stream
-from proxy.engine.gate import (
-    control_token_used,
-    held_again,
-    named_version,
-    resendable,
-    upstream_started,
-)
+from proxy.engine.gate import control_token_used, named_version, upstream_started
 from proxy.observe.metrics import METRICS
 from proxy.observe.record import RequestRecord
 from proxy.upstream.discovery import DISCOVERY
 from proxy.upstream.hop import HOP
-from proxy.upstream.session import (
-    UPSTREAM,
-    UPSTREAM_ERRORS,
-    classify,
-    closed_while_idle,
-    never_connected,
-    read_capped,
-    target,
-)
+from proxy.upstream.session import UPSTREAM, UPSTREAM_ERRORS, classify, read_capped, target
 
 from . import continuation
 from .budget import BUDGET
@@ -65,8 +42,7 @@ from .relay import (
     stream_reply,
     unframed_json,
 )
-
-log = logging.getLogger(__name__)
+from .resend import ONCE, Allowed, Rejected, resending
 
 
 def origin_form(request: web.Request) -> str:
@@ -120,72 +96,14 @@ async def _exchange(
     relay: Relay | None = None,
     path: str | None = None,
 ) -> web.StreamResponse:
-    """Send and relay (`relay`, or `_relay`), sending again where the request did not run;
-    `path`: where to, when not the request's own."""
-    # A data-plane request vLLM 0.33 rejected as paused did not run: it is held and sent again.
+    """Send and relay (`relay`, or `_relay`), sending again where the request did not run
+    (resend.py); `path`: where to, when not the request's own."""
+
+    def send(allowed: Allowed) -> Awaitable[web.StreamResponse]:
+        return _send(request, rec, body, headers, allowed, relay, path)
+
     replayable = isinstance(body, bytes) or body.rest is None
-    again = resendable(request) and replayable
-    attempt = connects = stale = 0
-    while True:
-        try:
-            resend = _Resend(connects < RECONNECTS, replayable and stale < RESENDS_ON_IDLE_CLOSE)
-            return await _send(request, rec, body, headers, again, resend, relay, path)
-        except UpstreamUnreachable as failure:
-            if not stale:
-                raise
-            # Sent again after its connection closed unanswered, and now vLLM is not there:
-            # it may have gone down with the request, so nothing says it was never sent.
-            raise UpstreamDisconnected(
-                f"The upstream connection closed before an answer for {rec.method} {rec.path},"
-                f" and sent again on a new connection it found no upstream: {failure.message}"
-            ) from failure
-        except _Rejected:
-            await held_again(request, rec, attempt)
-            attempt += 1
-        except _Unconnected:
-            connects += 1
-            log.warning(
-                "%s %s: vLLM accepted no connection in time; trying again (nothing was sent)",
-                rec.method,
-                rec.path,
-            )
-        except _ClosedIdle:
-            stale += 1
-            log.info(
-                "%s %s: vLLM closed the kept-alive connection it went out on, as idle; sent "
-                "again on a new one (it was not read)",
-                rec.method,
-                rec.path,
-            )
-
-
-# A connect to a vLLM its last health check found up that timed out is tried again this many
-# times: nothing was sent, and a busy vLLM on a loaded machine may accept late (a client
-# talking to it directly would have waited). Past them, or for an upstream seen down, a 504.
-RECONNECTS = 2
-# A request that met vLLM closing its kept-alive connection is sent again on a new one this many
-# times (a new connection is not idle: a second such close is something else).
-RESENDS_ON_IDLE_CLOSE = 1
-
-
-@dataclass(frozen=True, slots=True)
-class _Resend:
-    """What `_send` may hand back to be sent again instead of failing the request."""
-
-    unconnected: bool = False  # a connect to a healthy vLLM that timed out
-    closed_idle: bool = False  # a kept-alive connection vLLM closed as the request went out
-
-
-class _Rejected(Exception):
-    """vLLM rejected the request as paused: it did not run (core/rejection.py)."""
-
-
-class _Unconnected(Exception):
-    """The connect to vLLM timed out: nothing was sent."""
-
-
-class _ClosedIdle(Exception):
-    """vLLM closed the kept-alive connection as the request went out on it: it was not read."""
+    return await resending(request, rec, send, replayable=replayable)
 
 
 async def _send(
@@ -193,14 +111,12 @@ async def _send(
     rec: RequestRecord,
     body: bytes | StreamedBody,
     headers: CIMultiDict[str],
-    again: bool,
-    resend: _Resend = _Resend(),
+    allowed: Allowed = ONCE,
     relay: Relay | None = None,
     path: str | None = None,
 ) -> web.StreamResponse:
-    """One upstream call and its relayed answer; with `again`, `_Rejected` when vLLM rejected
-    it as paused; what `resend` allows, `_Unconnected` or `_ClosedIdle`, when the request was
-    not sent or not read."""
+    """One upstream call and its relayed answer; what `allowed` lets go again is raised as
+    `Rejected`, `Unconnected` or `ClosedIdle` (resend.py)."""
     app = request.app
     sent = time.perf_counter()
     answered = False
@@ -218,10 +134,10 @@ async def _send(
             app[METRICS].ttfb.labels(rec.route).observe(time.perf_counter() - sent)
             upstream_started(request, resp)  # engine lifecycle: a stream a phase may stall
             first = b""
-            if again:
+            if allowed.again:
                 first, rejected = await paused_rejection(resp)
                 if rejected:
-                    raise _Rejected
+                    raise Rejected
             try:
                 return await (relay or _relay)(request, rec, resp, first)
             finally:
@@ -232,10 +148,9 @@ async def _send(
             # not to blame, and nobody is left to answer.
             rec.client_left(app[METRICS])
             return web.Response()
-        if resend.unconnected and never_connected(exc) and app[DISCOVERY].healthy:
-            raise _Unconnected from exc
-        if resend.closed_idle and not answered and closed_while_idle(exc):
-            raise _ClosedIdle from exc
+        resend = allowed.resend(exc, answered=answered, healthy=app[DISCOVERY].healthy)
+        if resend is not None:
+            raise resend from exc
         raise classify(exc, where=f"for {rec.method} {rec.path}") from exc
 
 
@@ -252,7 +167,7 @@ async def _health(
     (`X-Sidecar-Health: cached`) rather than let a router eject a busy engine."""
     try:
         async with asyncio.timeout(HEALTH_PROMPT):
-            return await _send(request, rec, b"", headers, again=False)
+            return await _send(request, rec, b"", headers)
     except TimeoutError:
         if not request.app[DISCOVERY].healthy:
             raise UpstreamTimeout(

@@ -1,0 +1,106 @@
+"""Sent again, never twice run: what an exchange with vLLM may send once more instead of failing.
+
+Three requests provably did not run: one vLLM 0.33 rejected as paused (client/peek.py: held
+until the engine serves, then sent again), one whose connection a vLLM found healthy accepted
+too late (nothing was sent), and one that went out on a kept-alive connection vLLM was closing
+as idle (it was never read). Anything else fails as it failed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from proxy.core.errors import UpstreamDisconnected, UpstreamUnreachable
+from proxy.engine.gate import held_again, resendable
+from proxy.observe.record import RequestRecord
+from proxy.upstream.session import closed_while_idle, never_connected
+
+log = logging.getLogger("proxy.client.exchange")  # its name before the cut: kept for filters
+
+# A connect to a vLLM its last health check found up that timed out is tried again this many
+# times: nothing was sent, and a busy vLLM on a loaded machine may accept late (a client
+# talking to it directly would have waited). Past them, or for an upstream seen down, a 504.
+RECONNECTS = 2
+# A request that met vLLM closing its kept-alive connection is sent again on a new one this many
+# times (a new connection is not idle: a second such close is something else).
+RESENDS_ON_IDLE_CLOSE = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Allowed:
+    """What one send may hand back to be sent again instead of failing the request."""
+
+    again: bool = False  # vLLM's paused rejection is looked for (a data-plane request, whole)
+    unconnected: bool = False  # a connect to a healthy vLLM that timed out
+    closed_idle: bool = False  # a kept-alive connection vLLM closed as the request went out
+
+    def resend(self, exc: BaseException, *, answered: bool, healthy: bool) -> Exception | None:
+        """What to raise for the upstream failure `exc` so that the request goes again, or
+        None: it failed."""
+        if self.unconnected and healthy and never_connected(exc):
+            return Unconnected()
+        if self.closed_idle and not answered and closed_while_idle(exc):
+            return ClosedIdle()
+        return None
+
+
+ONCE = Allowed()  # sent once: nothing goes again
+
+
+class Rejected(Exception):
+    """vLLM rejected the request as paused: it did not run (core/rejection.py)."""
+
+
+class Unconnected(Exception):
+    """The connect to vLLM timed out: nothing was sent."""
+
+
+class ClosedIdle(Exception):
+    """vLLM closed the kept-alive connection as the request went out on it: it was not read."""
+
+
+Send = Callable[[Allowed], Awaitable[web.StreamResponse]]
+
+
+async def resending(
+    request: web.Request, rec: RequestRecord, send: Send, *, replayable: bool
+) -> web.StreamResponse:
+    """`send` until it answers or fails; `replayable`: the body can be sent once more."""
+    again = resendable(request) and replayable
+    attempt = connects = stale = 0
+    while True:
+        idle_close = replayable and stale < RESENDS_ON_IDLE_CLOSE
+        allowed = Allowed(again, connects < RECONNECTS, idle_close)
+        try:
+            return await send(allowed)
+        except UpstreamUnreachable as failure:
+            if not stale:
+                raise
+            # Sent again after its connection closed unanswered, and now vLLM is not there:
+            # it may have gone down with the request, so nothing says it was never sent.
+            raise UpstreamDisconnected(
+                f"The upstream connection closed before an answer for {rec.method} {rec.path},"
+                f" and sent again on a new connection it found no upstream: {failure.message}"
+            ) from failure
+        except Rejected:
+            await held_again(request, rec, attempt)
+            attempt += 1
+        except Unconnected:
+            connects += 1
+            log.warning(
+                "%s %s: vLLM accepted no connection in time; trying again (nothing was sent)",
+                rec.method,
+                rec.path,
+            )
+        except ClosedIdle:
+            stale += 1
+            log.info(
+                "%s %s: vLLM closed the kept-alive connection it went out on, as idle; sent "
+                "again on a new one (it was not read)",
+                rec.method,
+                rec.path,
+            )
