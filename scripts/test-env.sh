@@ -6,13 +6,15 @@ PYTHON=${PYTHON:-python3.11}
 VENV=${VENV:-.venv}
 
 # System tools, in one apt transaction: promtool and a Prometheus server (tests/deploy), nginx with
-# its Lua module and wrk (the bench smoke). The parts under test-env.d check again for themselves.
+# its Lua module and wrk (the bench smoke), openssl's CLI (the TLS upstream's certificates). The
+# parts under test-env.d check again for themselves.
 need=()
 { command -v promtool && command -v prometheus; } >/dev/null || need+=(prometheus)
 command -v nginx >/dev/null || need+=(nginx)
 [ -e /usr/lib/nginx/modules/ngx_http_lua_module.so ] || need+=(libnginx-mod-http-lua)
 command -v wrk >/dev/null || need+=(wrk)
 command -v taskset >/dev/null || need+=(util-linux)
+command -v openssl >/dev/null || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get -o DPkg::Lock::Timeout=600 update -qq
