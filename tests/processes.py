@@ -37,9 +37,9 @@ def _die_with_parent() -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is `pgid`."""
-    members = []
+def _live() -> Iterator[tuple[int, list[str]]]:
+    """Each live (non-zombie) process: its pid, and the fields of its /proc stat after the
+    parenthesised command (state, ppid, pgrp, ...)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -47,11 +47,19 @@ def group_members(pgid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        # Fields after the parenthesised command: state, ppid, pgrp, ...
         fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
+        if fields[0] != "Z":
+            yield int(entry.name), fields
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes whose process group is `pgid`."""
+    return [pid for pid, fields in _live() if int(fields[2]) == pgid]
+
+
+def children(pid: int) -> list[int]:
+    """Live children of `pid`, in pid order: a supervisor's workers."""
+    return sorted(child for child, fields in _live() if int(fields[1]) == pid)
 
 
 def processes_with_args(*args: str) -> list[int]:

@@ -10,11 +10,12 @@ import signal
 from dataclasses import dataclass, field
 
 from tests.metrics import scrape
+from tests.processes import children
 from tests.support import eventually
 
 from .clients import Clients
 from .ledger import Ledger
-from .resources import children, usage
+from .resources import usage
 from .upstream import ChaosVLLM
 
 # Engine actions and their weights; each ends with the engine serving again.

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tests.processes import children
 from tests.support import eventually
 
 from .checks import Check
@@ -17,22 +18,6 @@ if TYPE_CHECKING:
 MiB = 1 << 20
 FD_SLACK = 3  # per process: the health check's and a pooled upstream connection, open or not
 RSS_SLACK = 16 * MiB  # per process over its own start: arenas after MB bodies (seen: 0-2.4 MiB)
-
-
-def children(pid: int) -> list[int]:
-    """Live (non-zombie) children of `pid`, from /proc: the supervisor's workers."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = raw[raw.rindex(")") + 2 :].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(entry.name))
-    return sorted(found)
 
 
 def usage(pid: int) -> tuple[int, int]:
