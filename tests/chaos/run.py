@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from tests.metrics import Samples, scrape
-from tests.processes import SidecarProcess
+from tests.processes import SidecarProcess, children
 from tests.support import eventually, free_port
 
 from . import checks, counts
 from .clients import KINDS, Clients
 from .faults import Chaos
 from .ledger import Ledger
-from .resources import children, resources_check, returned, usage
+from .resources import resources_check, returned, usage
 from .upstream import ChaosVLLM
 
 SETTLE = 120.0  # seconds the pod may take to settle after the chaos; asserts no speed
@@ -57,6 +57,17 @@ class Report:
         return "\n".join(lines)
 
 
+# Two workers to kill; vLLM's comings and goings seen within 0.2 s; every unknown name re-reads.
+POD_ARGS = "--workers 2 --health-interval 0.2 --miss-refresh-interval 0 --log-level warning".split()
+
+
+def keep_record(fake: ChaosVLLM, path: Path) -> None:
+    """The fake's own record, by request id, beside the ledger."""
+    with path.open("w") as record:
+        for rid, sent in fake.sent.items():
+            record.write(json.dumps({"rid": rid, **asdict(sent)}, default=str) + "\n")
+
+
 async def run(config: Config) -> Report:
     out = config.out or Path(tempfile.mkdtemp(prefix="chaos-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -64,18 +75,7 @@ async def run(config: Config) -> Report:
     ledger = Ledger(out / "ledger.jsonl")
     fake = ChaosVLLM(seed=config.seed, port=free_port())
     await fake.start()
-    pod = SidecarProcess(
-        f"http://127.0.0.1:{fake.port}",
-        out,
-        "--workers",
-        "2",
-        "--health-interval",
-        "0.2",
-        "--miss-refresh-interval",
-        "0",
-        "--log-level",
-        "warning",
-    )
+    pod = SidecarProcess(f"http://127.0.0.1:{fake.port}", out, *POD_ARGS)
     clients = Clients(pod.url, ledger, random.Random(rng.random()))
     try:
         await pod.start_serving()
@@ -106,9 +106,7 @@ async def run(config: Config) -> Report:
         )
     finally:
         ledger.finish()
-        with (out / "vllm.jsonl").open("w") as record:  # the fake's own record, by request id
-            for rid, sent in fake.sent.items():
-                record.write(json.dumps({"rid": rid, **asdict(sent)}, default=str) + "\n")
+        keep_record(fake, out / "vllm.jsonl")
         await clients.close()
         await asyncio.to_thread(pod.stop)
         await fake.stop()
