@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,24 +116,11 @@ def markdown(doc: dict[str, Any]) -> str:
         cells = [r for r in rows if r["scenario"] == sname]
         if not cells or scen.kind != "wrk":
             continue
-        lines += ["", f"## {scen.label} (`{sname}`)", ""]
-        lines += [
+        header = (
             "| target | req/s | p50 | p99 | added p50 | added p99 | CPU ms / 1k req | RSS after | "
-            "sidecar ÷ target: req/s | added p50 | CPU | check |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for r in cells:
-            label = targets[r["target"]]["label"]
-            if r["status"] != "ok":
-                lines.append(f"| {label} | {r['status']}: {r['reason']} |" + " |" * 10)
-                continue
-            s = r["sidecar_over_target"]
-            lines.append(
-                f"| {label} | {num(r['rps'])} | {us(r['p50_us'])} | {us(r['p99_us'])} | "
-                f"{us(r.get('added_p50_us'))} | {us(r.get('added_p99_us'))} | "
-                f"{num(r['cpu_ms_per_1k'], 1)} | {mb(r['rss_mb'])} | {rx(s['rps'])} | "
-                f"{rx(s['added_p50'])} | {rx(s['cpu_per_1k'])} | {r['check']} |"
-            )
+            "sidecar ÷ target: req/s | added p50 | CPU | check |"
+        )
+        lines += _section(f"## {scen.label} (`{sname}`)", None, header, cells, targets, _wrk_line)
     lines += rl_markdown(rows, targets)
     lines += scaling.scaling_markdown(doc)
     lines += scaling.per_event_markdown(doc)
@@ -144,53 +132,78 @@ def rl_markdown(rows: list[Row], targets: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     rl = [r for r in rows if r["scenario"] == "rl-512"]
     if rl:
-        lines += ["", f"## {SCENARIOS['rl-512'].label} (`rl-512`)", ""]
-        lines += [
+        intro = (
             "Delay: from the fake upstream writing a token's event to the client reading it; "
             "added: over direct's. Gap p99: a token's arrival gap less the upstream's own gap "
-            "(jitter). RSS per stream: the peak during the window less the RSS before, / 512.",
-            "",
+            "(jitter). RSS per stream: the peak during the window less the RSS before, / 512."
+        )
+        header = (
             "| target | events/s | delay p50 | delay p99 | added p50 | added p99 | gap p99 | "
-            "CPU ms / 1k events | RSS per open stream | sidecar ÷ target: CPU | check |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for r in rl:
-            lines.append(_rl_line(r, targets))
+            "CPU ms / 1k events | RSS per open stream | sidecar ÷ target: CPU | check |"
+        )
+        title = f"## {SCENARIOS['rl-512'].label} (`rl-512`)"
+        lines += _section(title, intro, header, rl, targets, _rl_line)
     held = [r for r in rows if r["scenario"] == "held-2000"]
     if held:
-        lines += ["", f"## {SCENARIOS['held-2000'].label} (`held-2000`)", ""]
-        lines += [
+        intro = (
             "The sidecar holds the requests itself (paused through its /pause); the others "
             "have passed them on to the paused fake upstream, which holds them as vLLM would. "
-            "Latency: from the resume to each answer.",
-            "",
+            "Latency: from the resume to each answer."
+        )
+        header = (
             "| target | held | RSS while held | RSS per held request | p50 | p99 | "
-            "CPU ms / 1k requests | check |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for r in held:
-            label = targets[r["target"]]["label"]
-            if r["status"] != "ok":
-                lines.append(f"| {label} | {r['status']}: {r.get('reason')} |" + " |" * 6)
-                continue
-            lines.append(
-                f"| {label} | {r['held']:,} | {mb(r['rss_mb'])} | {kb(r['rss_per_held_kb'])} | "
-                f"{us(r['p50_us'])} | {us(r['p99_us'])} | {num(r['cpu_ms_per_1k'], 1)} | "
-                f"{r['check']} |"
-            )
+            "CPU ms / 1k requests | check |"
+        )
+        title = f"## {SCENARIOS['held-2000'].label} (`held-2000`)"
+        lines += _section(title, intro, header, held, targets, _held_line)
     return lines
 
 
-def _rl_line(r: Row, targets: dict[str, Any]) -> str:
-    label = targets[r["target"]]["label"]
-    if r["status"] != "ok":
-        return f"| {label} | {r['status']}: {r.get('reason')} |" + " |" * 9
+def _section(
+    title: str,
+    intro: str | None,
+    header: str,
+    cells: list[Row],
+    targets: dict[str, Any],
+    line: Callable[[Row], str],
+) -> list[str]:
+    """One scenario's table: a row per target, its figures or why it has none."""
+    columns = header.count("|") - 1
+    lines = ["", title, "", *([intro, ""] if intro else []), header, "|" + "---|" * columns]
+    for r in cells:
+        label = targets[r["target"]]["label"]
+        if r["status"] != "ok":
+            lines.append(f"| {label} | {r['status']}: {r.get('reason')} |" + " |" * (columns - 2))
+        else:
+            lines.append(f"| {label} | {line(r)}")
+    return lines
+
+
+def _wrk_line(r: Row) -> str:
+    s = r["sidecar_over_target"]
+    return (
+        f"{num(r['rps'])} | {us(r['p50_us'])} | {us(r['p99_us'])} | "
+        f"{us(r.get('added_p50_us'))} | {us(r.get('added_p99_us'))} | "
+        f"{num(r['cpu_ms_per_1k'], 1)} | {mb(r['rss_mb'])} | {rx(s['rps'])} | "
+        f"{rx(s['added_p50'])} | {rx(s['cpu_per_1k'])} | {r['check']} |"
+    )
+
+
+def _rl_line(r: Row) -> str:
     cpu = r.get("sidecar_over_target", {}).get("cpu_per_1k")
     return (
-        f"| {label} | {num(r['rps'])} | {us(r['p50_us'])} | {us(r['p99_us'])} | "
+        f"{num(r['rps'])} | {us(r['p50_us'])} | {us(r['p99_us'])} | "
         f"{us(r.get('added_p50_us'))} | {us(r.get('added_p99_us'))} | {us(r['gap_p99_us'])} | "
         f"{num(r['cpu_ms_per_1k'], 1)} | {kb(r['rss_per_stream_kb'])} | "
         f"{'-' if cpu is None else f'{cpu:.2f}x'} | {r['check']} |"
+    )
+
+
+def _held_line(r: Row) -> str:
+    return (
+        f"{r['held']:,} | {mb(r['rss_mb'])} | {kb(r['rss_per_held_kb'])} | "
+        f"{us(r['p50_us'])} | {us(r['p99_us'])} | {num(r['cpu_ms_per_1k'], 1)} | "
+        f"{r['check']} |"
     )
 
 
