@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
 from typing import cast
 
 import aiohttp
@@ -42,7 +41,7 @@ from .relay import (
     stream_reply,
     unframed_json,
 )
-from .resend import ONCE, Allowed, Rejected, resending
+from .resend import ONCE, RESENT, Allowed, Rejected, Resends
 
 
 def origin_form(request: web.Request) -> str:
@@ -98,12 +97,12 @@ async def _exchange(
 ) -> web.StreamResponse:
     """Send and relay (`relay`, or `_relay`), sending again where the request did not run
     (resend.py); `path`: where to, when not the request's own."""
-
-    def send(allowed: Allowed) -> Awaitable[web.StreamResponse]:
-        return _send(request, rec, body, headers, allowed, relay, path)
-
-    replayable = isinstance(body, bytes) or body.rest is None
-    return await resending(request, rec, send, replayable=replayable)
+    resends = Resends(request, rec, replayable=isinstance(body, bytes) or body.rest is None)
+    while True:
+        try:
+            return await _send(request, rec, body, headers, resends.allowed(), relay, path)
+        except RESENT as exc:
+            await resends.after(exc)
 
 
 async def _send(

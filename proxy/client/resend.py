@@ -9,7 +9,6 @@ as idle (it was never read). Anything else fails as it failed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -63,44 +62,61 @@ class ClosedIdle(Exception):
     """vLLM closed the kept-alive connection as the request went out on it: it was not read."""
 
 
-Send = Callable[[Allowed], Awaitable[web.StreamResponse]]
+class Resends:
+    """One request's sends so far, and what the next may hand back. The loop stays the
+    caller's: a coroutine wrapped around the send would add a frame that every await of a
+    streamed answer passes through (+3 to 5% CPU per request at 64 connections, measured):
 
+        while True:
+            try:
+                return await send(resends.allowed())
+            except RESENT as exc:
+                await resends.after(exc)
+    """
 
-async def resending(
-    request: web.Request, rec: RequestRecord, send: Send, *, replayable: bool
-) -> web.StreamResponse:
-    """`send` until it answers or fails; `replayable`: the body can be sent once more."""
-    again = resendable(request) and replayable
-    attempt = connects = stale = 0
-    while True:
-        idle_close = replayable and stale < RESENDS_ON_IDLE_CLOSE
-        allowed = Allowed(again, connects < RECONNECTS, idle_close)
-        try:
-            return await send(allowed)
-        except UpstreamUnreachable as failure:
-            if not stale:
-                raise
-            # Sent again after its connection closed unanswered, and now vLLM is not there:
-            # it may have gone down with the request, so nothing says it was never sent.
-            raise UpstreamDisconnected(
-                f"The upstream connection closed before an answer for {rec.method} {rec.path},"
-                f" and sent again on a new connection it found no upstream: {failure.message}"
-            ) from failure
-        except Rejected:
-            await held_again(request, rec, attempt)
-            attempt += 1
-        except Unconnected:
-            connects += 1
+    __slots__ = ("again", "attempt", "connects", "rec", "replayable", "request", "stale")
+
+    def __init__(self, request: web.Request, rec: RequestRecord, *, replayable: bool) -> None:
+        self.request, self.rec, self.replayable = request, rec, replayable
+        self.again = resendable(request) and replayable
+        self.attempt = self.connects = self.stale = 0
+
+    def allowed(self) -> Allowed:
+        idle_close = self.replayable and self.stale < RESENDS_ON_IDLE_CLOSE
+        return Allowed(self.again, self.connects < RECONNECTS, idle_close)
+
+    async def after(self, exc: Exception) -> None:
+        """Ready to send again after `exc`, or raise what the client is told."""
+        rec = self.rec
+        if isinstance(exc, Rejected):
+            await held_again(self.request, rec, self.attempt)
+            self.attempt += 1
+        elif isinstance(exc, Unconnected):
+            self.connects += 1
             log.warning(
                 "%s %s: vLLM accepted no connection in time; trying again (nothing was sent)",
                 rec.method,
                 rec.path,
             )
-        except ClosedIdle:
-            stale += 1
+        elif isinstance(exc, ClosedIdle):
+            self.stale += 1
             log.info(
                 "%s %s: vLLM closed the kept-alive connection it went out on, as idle; sent "
                 "again on a new one (it was not read)",
                 rec.method,
                 rec.path,
             )
+        elif isinstance(exc, UpstreamUnreachable) and self.stale:
+            # Sent again after its connection closed unanswered, and now vLLM is not there:
+            # it may have gone down with the request, so nothing says it was never sent.
+            raise UpstreamDisconnected(
+                f"The upstream connection closed before an answer for {rec.method} {rec.path},"
+                f" and sent again on a new connection it found no upstream: {exc.message}"
+            ) from exc
+        else:
+            raise exc
+
+
+# What a send raises that `Resends.after` judges (an UpstreamUnreachable after a resend is
+# reported otherwise; before one it stands).
+RESENT = (Rejected, Unconnected, ClosedIdle, UpstreamUnreachable)
