@@ -130,32 +130,11 @@ def markdown(doc: dict[str, Any]) -> str:
 def rl_markdown(rows: list[Row], targets: dict[str, Any]) -> list[str]:
     """The RL-shaped sections of results.md."""
     lines: list[str] = []
-    rl = [r for r in rows if r["scenario"] == "rl-512"]
-    if rl:
-        intro = (
-            "Delay: from the fake upstream writing a token's event to the client reading it; "
-            "added: over direct's. Gap p99: a token's arrival gap less the upstream's own gap "
-            "(jitter). RSS per stream: the peak during the window less the RSS before, / 512."
-        )
-        header = (
-            "| target | events/s | delay p50 | delay p99 | added p50 | added p99 | gap p99 | "
-            "CPU ms / 1k events | RSS per open stream | sidecar ÷ target: CPU | check |"
-        )
-        title = f"## {SCENARIOS['rl-512'].label} (`rl-512`)"
-        lines += _section(title, intro, header, rl, targets, _rl_line)
-    held = [r for r in rows if r["scenario"] == "held-2000"]
-    if held:
-        intro = (
-            "The sidecar holds the requests itself (paused through its /pause); the others "
-            "have passed them on to the paused fake upstream, which holds them as vLLM would. "
-            "Latency: from the resume to each answer."
-        )
-        header = (
-            "| target | held | RSS while held | RSS per held request | p50 | p99 | "
-            "CPU ms / 1k requests | check |"
-        )
-        title = f"## {SCENARIOS['held-2000'].label} (`held-2000`)"
-        lines += _section(title, intro, header, held, targets, _held_line)
+    for name, (intro, header, line) in PACED_TABLES.items():
+        cells = [r for r in rows if r["scenario"] == name]
+        if cells:
+            title = f"## {SCENARIOS[name].label} (`{name}`)"
+            lines += _section(title, intro, header, cells, targets, line)
     return lines
 
 
@@ -205,6 +184,27 @@ def _held_line(r: Row) -> str:
         f"{us(r['p50_us'])} | {us(r['p99_us'])} | {num(r['cpu_ms_per_1k'], 1)} | "
         f"{r['check']} |"
     )
+
+
+# Each RL-shaped scenario's table: what its figures mean, its columns, a target's row.
+PACED_TABLES: dict[str, tuple[str, str, Callable[[Row], str]]] = {
+    "rl-512": (
+        "Delay: from the fake upstream writing a token's event to the client reading it; "
+        "added: over direct's. Gap p99: a token's arrival gap less the upstream's own gap "
+        "(jitter). RSS per stream: the peak during the window less the RSS before, / 512.",
+        "| target | events/s | delay p50 | delay p99 | added p50 | added p99 | gap p99 | "
+        "CPU ms / 1k events | RSS per open stream | sidecar ÷ target: CPU | check |",
+        _rl_line,
+    ),
+    "held-2000": (
+        "The sidecar holds the requests itself (paused through its /pause); the others "
+        "have passed them on to the paused fake upstream, which holds them as vLLM would. "
+        "Latency: from the resume to each answer.",
+        "| target | held | RSS while held | RSS per held request | p50 | p99 | "
+        "CPU ms / 1k requests | check |",
+        _held_line,
+    ),
+}
 
 
 def kb(value: float | None) -> str:
