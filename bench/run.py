@@ -153,8 +153,10 @@ def run_cell(
     body: Path,
 ) -> dict[str, Any]:
     row: dict[str, Any] = {"target": name, "scenario": scen.name, "status": "ok"}
-    if scen.kind != "wrk":
-        return _paced_cell(args, env, name, url, pid, scen, body, row)
+    if scen.kind == "rl":
+        return _paced(row, streams.run_rl(args, env, url, pid, scen, body), pid)
+    if scen.kind == "held":
+        return _paced(row, streams.run_held(args, env, name, url, pid, scen, body), pid)
     try:
         row["check"] = loads.check(url, body.read_bytes(), scen.stream, scen.events)
     except (loads.CheckFailed, OSError, ValueError) as err:
@@ -202,21 +204,9 @@ def run_cell(
     return row
 
 
-def _paced_cell(
-    args: argparse.Namespace,
-    env: Env,
-    name: str,
-    url: str,
-    pid: int | None,
-    scen: loads.Scenario,
-    body: Path,
-    row: dict[str, Any],
-) -> dict[str, Any]:
-    """An RL-shaped cell (bench/streams.py): its own client against the paced upstream."""
-    if scen.kind == "rl":
-        row.update(streams.run_rl(args, env, url, pid, scen, body))
-    else:
-        row.update(streams.run_held(args, env, name, url, pid, scen, body))
+def _paced(row: dict[str, Any], measured: dict[str, Any], pid: int | None) -> dict[str, Any]:
+    """An RL-shaped cell's row (bench/streams.py measured it against the paced upstream)."""
+    row.update(measured)
     if pid:
         row["settle_s"] = round(settle(pid), 2)
     if not row["requests"]:
