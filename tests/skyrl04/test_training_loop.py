@@ -102,6 +102,7 @@ class Loop:
     failed: list[str] = field(default_factory=list)
     versions: list[str] = field(default_factory=list)  # vLLM's, after each update
     spans: list[list[str]] = field(default_factory=list)  # of a generation straddling each
+    met: int = 0  # steps whose pause found the long generations still running
 
 
 def prompts(step: int, count: int, tag: str) -> dict[str, Any]:
@@ -198,7 +199,9 @@ async def training_loop(
             await asyncio.wait_for(straddle_running.wait(), timeout=120.0)
             await client.pause(mode="keep")
             # Not vLLM's metrics: its API server answers them in tens of seconds while it runs.
-            assert not long.done(), "the long generations ended before the pause"
+            # Nor a bare assert: on two shared cores a pause has landed after 8000 tokens
+            # (vLLM alone, CI), so the step is counted and one at least must have met it.
+            loop.met += not long.done()
             paused = time.monotonic()
             await asyncio.to_thread(sync.start_weight_update)
             meanwhile = asyncio.ensure_future(
@@ -283,6 +286,7 @@ async def test_a_training_loop_never_notices_the_sidecars(
 
     # The sidecars are never worse than vLLM alone: every generation completes, none raises.
     assert baseline.completed > 0
+    assert through.met > 0, (through.met, baseline.met)
     assert through.failed == [], through.failed
     assert through.completed >= baseline.completed
     expected = [next_version(first), "side-step-2", next_version("side-step-2")]
