@@ -12,8 +12,10 @@ import asyncio
 import contextlib
 import itertools
 import json
+import secrets
 import socket
 import struct
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,20 +125,23 @@ class FakeVLLM:
         return routes.get(f"{request.method} {request.path}", self.not_found)
 
     async def models(self, request: web.Request) -> web.Response:
+        # As vLLM's ModelCard and ModelPermission: each read is stamped with its own time and
+        # fresh permission ids, so no two reads are the same bytes.
+        now, perms = int(time.time()), secrets.token_hex(4)
         data = [
             {
                 "id": name,
                 "object": "model",
-                "created": 1795982287,
+                "created": now,
                 "owned_by": "vllm",
                 "root": root,
                 "parent": None,
                 "max_model_len": self.max_model_len,
                 "permission": [
                     {
-                        "id": f"modelperm-{i:016x}",
+                        "id": f"modelperm-{perms}{i:08x}",
                         "object": "model_permission",
-                        "created": 1795982287,
+                        "created": now,
                         "allow_create_engine": False,
                         "allow_sampling": True,
                         "allow_logprobs": True,

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
 
-from proxy.core.resolution import parse_models_list
+from proxy.core.resolution import ModelTable, ServedModel, parse_models_list
 
 from .session import UPSTREAM_ERRORS, target
 
@@ -30,16 +29,20 @@ def read_bound(settings: UpstreamOptions) -> float:
 
 # /health checks in a row that time out while the engine serves before it counts as down.
 SLOW_CHECKS = 3
-# A /v1/models body this large is hashed in a thread (hashlib lets go of the GIL): thousands of
-# LoRA adapters make megabytes, re-read every --discovery-interval.
-HASHED_OFF_LOOP = 1 << 20
+# A /v1/models body this large is read into a table in a thread: thousands of LoRA adapters
+# make megabytes, re-read every --discovery-interval, and 50,001 of them (22 MB) took the loop
+# over a second to parse and index. Every read is new bytes: vLLM stamps each with the time and
+# fresh permission ids, so what is compared is the served list, not the body.
+READ_OFF_LOOP = 1 << 20
 
 
-async def fingerprint(raw: bytes) -> bytes:
-    """What tells an unchanged /v1/models body from another, at a fraction of parsing it."""
-    if len(raw) < HASHED_OFF_LOOP:
-        return hashlib.blake2b(raw, digest_size=16).digest()
-    return await asyncio.to_thread(lambda: hashlib.blake2b(raw, digest_size=16).digest())
+def table_from(
+    raw: bytes, current: ModelTable, make: Callable[[Sequence[ServedModel]], ModelTable]
+) -> ModelTable:
+    """The table a /v1/models body describes: `current` itself when it serves the same names
+    from the same roots (its indexes and suggestion caches kept), else a new one."""
+    served = tuple(parse_models_list(orjson.loads(raw)))
+    return current if served == current.served else make(served)
 
 
 class UpstreamChecks:
@@ -52,7 +55,6 @@ class UpstreamChecks:
     def __init__(self, discovery: Discovery) -> None:
         self._discovery = discovery
         self._reads = self._applied = 0  # reads of /v1/models started; the one the table is from
-        self._body = b""  # the fingerprint of the /v1/models body the table is from
         self._slow = 0  # /health checks in a row that timed out while serving
 
     def _timeout(self) -> aiohttp.ClientTimeout:
@@ -60,8 +62,7 @@ class UpstreamChecks:
 
     async def read_models(self) -> bool:
         """The table is replaced only by a good answer, and never by an answer older than the
-        one it holds (each read is numbered when it starts). The body the table is from is
-        not parsed again: 50,000 adapters held the loop a few hundred ms at every interval."""
+        one it holds (each read is numbered when it starts, and checked once it is parsed)."""
         d = self._discovery
         self._reads += 1
         number = self._reads
@@ -73,10 +74,10 @@ class UpstreamChecks:
                 raw = await resp.read()
                 if resp.status != 200:
                     raise ValueError(f"status {resp.status}: {raw[:200]!r}")
-            body = await fingerprint(raw)
-            # No await from here until the table is replaced: what it is from stays what it is.
-            changed = number > self._applied and body != self._body
-            served = parse_models_list(orjson.loads(raw)) if changed else None
+            if len(raw) < READ_OFF_LOOP:
+                table = table_from(raw, d.table, d.make_table)
+            else:
+                table = await asyncio.to_thread(table_from, raw, d.table, d.make_table)
         except Exception as exc:  # whatever it was, the read failed and the old table stays
             d.metrics.discoveries.labels("error").inc()
             expected = isinstance(exc, (*UPSTREAM_ERRORS, ValueError))
@@ -90,10 +91,11 @@ class UpstreamChecks:
         if number < self._applied:
             return d.models_known
         self._applied = number
-        if served is not None:
-            self._body = body
-            d.set_models(served)
+        replaced = [d.table]
+        d.set_table(table)
         d.metrics.discoveries.labels("ok").inc()
+        if len(raw) >= READ_OFF_LOOP and table is not replaced[0]:
+            await asyncio.to_thread(replaced.clear)  # freeing its indexes took the loop 50-100 ms
         return True
 
     async def check_health(self) -> bool:

@@ -109,12 +109,11 @@ class Discovery:
         ):
             await self.refresh()
 
-    def set_models(self, served: Sequence[ServedModel]) -> None:
-        if [m.id for m in served] != list(self.table.names):
-            log.info("upstream serves %s", _listed([m.id for m in served]))
-        if tuple(served) != self.table.served:  # the same list keeps its table (and indexes)
-            self.table = self.make_table(served)
-        self.models_known = True
+    def set_table(self, table: ModelTable) -> None:
+        """What the upstream serves now; the same table where nothing changed."""
+        if table is not self.table and table.names != self.table.names:
+            log.info("upstream serves %s", _listed(list(table.names)))
+        self.table, self.models_known = table, True
 
     def set_health(self, ok: bool, error: str) -> None:
         if ok != self.healthy:
