@@ -131,8 +131,11 @@ class Discovery:
         self, served: Sequence[ServedModel], *, known: bool, healthy: bool, error: str | None
     ) -> None:
         """Take another process's view as it is (a worker's, the supervisor's): no log, no
-        change told, since the one that read it did both."""
-        self.table, self.models_known = self.make_table(served), known
+        change told, since the one that read it did both. A health flip sends the same names
+        again: they keep their table (50,001 adapters took a second to index)."""
+        if tuple(served) != self.table.served:
+            self.table = self.make_table(served)
+        self.models_known = known
         self.healthy, self.last_error = healthy, error
         self.metrics.upstream_up.set(1 if healthy else 0)
 
