@@ -26,7 +26,7 @@ from proxy.core.errors import (
 from proxy.upstream.body import HIGH_WATER
 from proxy.upstream.hop import HOP
 from proxy.upstream.lean import LeanClient
-from proxy.upstream.marks import QUEUED, REUSED
+from proxy.upstream.marks import QUEUED, WIRE
 from proxy.upstream.session import SESSION, classify, closed_while_idle, never_connected
 
 Script = Callable[["Peer"], Awaitable[None]]
@@ -148,7 +148,8 @@ async def test_a_request_is_written_as_given_and_the_connection_reused(serve: Ca
                 data=body,
                 headers={"X-One": "1", "Content-Type": "application/json"},
             ) as resp:
-                marks.append(REUSED.get())
+                wire = WIRE.get()
+                marks.append(wire is not None and wire.reused)
                 assert (resp.status, await resp.read(), resp.content_length) == (200, b"ok", 2)
     assert len(upstream.peers) == 1
     assert marks == [False, True]
@@ -334,6 +335,9 @@ async def test_bytes_past_an_answer_close_the_connection(serve: Callable) -> Non
 
 
 async def test_a_close_before_the_answer_on_a_reused_connection(serve: Callable) -> None:
+    """vLLM read the request and closed: its kernel acknowledged the request, so it may have
+    run, and is no idle close (which would let it go again)."""
+
     async def close_on_second(peer: Peer) -> None:
         await peer.request()
         peer.writer.close()
@@ -343,8 +347,10 @@ async def test_a_close_before_the_answer_on_a_reused_connection(serve: Callable)
         assert await get(hop, upstream) == b"ok"
         with pytest.raises(aiohttp.ServerDisconnectedError) as caught:
             await get(hop, upstream, "POST", data=b"{}")
-        assert REUSED.get()
-        assert closed_while_idle(caught.value)
+        wire = WIRE.get()
+        assert wire is not None
+        assert (wire.reused, wire.unread) == (True, False)
+        assert not closed_while_idle(caught.value)
         assert where(caught.value) is UpstreamDisconnected
 
 

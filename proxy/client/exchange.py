@@ -23,7 +23,7 @@ from proxy.observe.metrics import METRICS
 from proxy.observe.record import RequestRecord
 from proxy.upstream.discovery import DISCOVERY
 from proxy.upstream.hop import HOP
-from proxy.upstream.session import UPSTREAM, UPSTREAM_ERRORS, classify, read_capped, target
+from proxy.upstream.session import UPSTREAM, UPSTREAM_ERRORS, read_capped, target
 
 from . import continuation
 from .budget import BUDGET
@@ -41,7 +41,7 @@ from .relay import (
     stream_reply,
     unframed_json,
 )
-from .resend import ONCE, RESENT, Allowed, Rejected, Resends
+from .resend import ONCE, RESENT, Allowed, Rejected, Resends, not_sent_again
 
 
 def origin_form(request: web.Request) -> str:
@@ -150,7 +150,7 @@ async def _send(
         resend = allowed.resend(exc, answered=answered, healthy=app[DISCOVERY].healthy)
         if resend is not None:
             raise resend from exc
-        raise classify(exc, where=f"for {rec.method} {rec.path}") from exc
+        raise not_sent_again(exc, answered=answered, where=f"for {rec.method} {rec.path}") from exc
 
 
 # A health check is answered within this, whatever vLLM's API server is busy with: vllm-router

@@ -2,8 +2,9 @@
 
 Three requests provably did not run: one vLLM 0.33 rejected as paused (client/peek.py: held
 until the engine serves, then sent again), one whose connection a vLLM found healthy accepted
-too late (nothing was sent), and one that went out on a kept-alive connection vLLM was closing
-as idle (it was never read). Anything else fails as it failed.
+too late (nothing was sent), and one that went out on a kept-alive connection vLLM had closed
+as idle (its kernel acknowledged none of it: upstream/marks.py). Anything else fails as it
+failed, and a request that went out and got no answer says that it was not sent again.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from proxy.core.errors import UpstreamDisconnected, UpstreamUnreachable
+from proxy.core.errors import SidecarFailure, UpstreamDisconnected, UpstreamUnreachable
 from proxy.engine.gate import held_again, resendable
 from proxy.observe.record import RequestRecord
-from proxy.upstream.session import closed_while_idle, never_connected
+from proxy.upstream.session import classify, closed_while_idle, never_connected
 
 log = logging.getLogger("proxy.client.exchange")  # its name before the cut: kept for filters
 
@@ -115,6 +116,18 @@ class Resends:
             ) from exc
         else:
             raise exc
+
+
+def not_sent_again(exc: BaseException, *, answered: bool, where: str) -> SidecarFailure:
+    """What the client is told of an upstream failure that does not go again; a connection that
+    dropped before any answer says why the request was not sent again: vLLM may have run it."""
+    failure = classify(exc, where=where)
+    if answered or type(failure) is not UpstreamDisconnected:
+        return failure
+    return UpstreamDisconnected(
+        f"{failure.message}. The request went out and no answer came; vLLM may have read and run"
+        " it, so it was not sent again (a retry is the client's call)."
+    )
 
 
 # What a send raises that `Resends.after` judges (an UpstreamUnreachable after a resend is

@@ -19,13 +19,23 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from .body import Body
+from .marks import Wire
 
 log = logging.getLogger("proxy.upstream")
 
-# A response head (interim ones included) past this is refused as invalid: aiohttp's parser
-# refuses a line or field over 8 KiB; llhttp has no bound of its own, so a runaway upstream
-# would grow the sidecar's memory instead.
+# A response head (interim ones included) past this is refused as invalid: llhttp has no bound
+# of its own, so a runaway upstream would grow the sidecar's memory instead.
 MAX_HEAD = 256 << 10
+# aiohttp's client bounds (ClientSession's max_line_size, max_field_size, max_headers): a status
+# line over 8190 bytes, a field whose name and value pass 8190, or more than 128 fields (trailers
+# counted) is an invalid answer, as nginx's "upstream sent too big header" is one.
+MAX_LINE = 8190
+MAX_FIELD = 8190
+MAX_FIELDS = 128
+
+
+class _TooBig(Exception):
+    """A part of the head past aiohttp's bound: raised from a parser callback, reported invalid."""
 
 
 @dataclass(slots=True)
@@ -47,7 +57,7 @@ class Connection(asyncio.Protocol):
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
-        self.sent = 0  # requests sent on this connection
+        self.wire: Wire | None = None  # what vLLM's kernel acknowledged of the request on it
         self.lost = False
         self.keep = False  # the answer now complete lets the connection carry another
         self._waiting = False
@@ -76,7 +86,8 @@ class Connection(asyncio.Protocol):
         self._no_body, self._interim = method == "HEAD", False
         self.method, self.url, self._read_timeout = method, url, read_timeout
         self._waiting = True
-        self.sent += 1
+        assert self.wire is not None
+        self.wire.sending()
         return self._head
 
     @property
@@ -127,6 +138,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TCPTransport is no asyncio.Transport subclass, though it is one in all but name
         self.transport = cast(asyncio.Transport, transport)
+        self.wire = Wire(transport)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -170,6 +182,8 @@ class Connection(asyncio.Protocol):
             self._drained = None
         head, body = self._head, self._body
         if head is not None and not head.done():
+            assert self.wire is not None
+            self.wire.lost(exc)  # the socket is still open here, on asyncio's loop and uvloop's
             head.set_exception(_dropped(exc))
         elif body is not None and not body.is_eof():
             if self._framed or exc is not None:
@@ -185,7 +199,15 @@ class Connection(asyncio.Protocol):
 
     # -- httptools callbacks ----------------------------------------------------------------
 
+    def on_status(self, reason: bytes) -> None:
+        if len(reason) + 13 > MAX_LINE:  # "HTTP/1.1 200 " before the reason
+            raise _TooBig(f"a status line over {MAX_LINE} bytes")
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        if len(name) + len(value) > MAX_FIELD:
+            raise _TooBig(f"a header field over {MAX_FIELD} bytes: {name[:100]!r}")
+        if len(self._fields) >= MAX_FIELDS:
+            raise _TooBig(f"more than {MAX_FIELDS} header fields")
         self._fields.append(
             (name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
         )
@@ -238,6 +260,8 @@ class Connection(asyncio.Protocol):
         self.abort()
 
     def _invalid(self, exc: httptools.HttpParserError) -> None:
+        if isinstance(exc.__context__, _TooBig):  # raised by a callback: its reason, not llhttp's
+            exc = httptools.HttpParserError(str(exc.__context__))
         if self._head is not None and not self._head.done():
             assert self.url is not None
             info = aiohttp.RequestInfo(self.url, self.method, CIMultiDictProxy(CIMultiDict()))

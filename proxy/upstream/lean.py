@@ -19,7 +19,6 @@ from yarl import URL
 
 from .body import Body
 from .h1 import Connection
-from .marks import REUSED
 from .options import UpstreamOptions
 from .pool import Pool
 
@@ -125,7 +124,6 @@ class Exchange:
     async def __aenter__(self) -> Answer:
         client = self._client
         conn = self._conn = await client.pool.acquire()
-        REUSED.set(conn.sent > 0)
         head = conn.begin(self._method, self._url, client.read_timeout)
         try:
             self._send(conn)

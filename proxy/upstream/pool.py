@@ -43,8 +43,9 @@ class Pool:
             self._expire(asyncio.get_running_loop().time())
             while idle:
                 conn = idle.pop()[1]
-                if not conn.lost:
+                if conn.done:  # not lost, nor closing (an EOF seen, connection_lost not yet)
                     return conn
+                conn.abort()
         if self._limit and self.count >= self._limit:
             handed = await self._queue()
             if handed is not None:

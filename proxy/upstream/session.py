@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import errno
 import functools
 import logging
 from typing import Any
@@ -23,7 +22,8 @@ from proxy.core.errors import (
 )
 
 from .marks import QUEUED as _QUEUED
-from .marks import REUSED as _REUSED
+from .marks import WIRE as _WIRE
+from .marks import Wire
 from .options import UpstreamOptions
 
 log = logging.getLogger("proxy.upstream")  # its name before the layers: kept for filters
@@ -44,13 +44,22 @@ class _AnsweredOnce(ResponseHandler):
         super().__init__(loop)
         self._waiting = False
         self._answer: Any = None  # the payload of the final response, once its head is parsed
-        self._sent = 0  # requests sent on this connection
+        self._wire: Wire | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._wire = Wire(transport)
 
     def set_response_params(self, **params: Any) -> None:
         self._waiting, self._answer = True, None
-        _REUSED.set(self._sent > 0)  # aiohttp calls this in the request's task, before sending
-        self._sent += 1
+        if self._wire is not None:  # aiohttp calls this in the request's task, before sending
+            self._wire.sending()
         super().set_response_params(**params)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._wire is not None and self._waiting and self._answer is None:
+            self._wire.lost(exc)  # before any answer, while the socket is still open
+        super().connection_lost(exc)
 
     def feed_data(self, data: Any, size: int = 0) -> None:
         message, payload = data
@@ -181,20 +190,24 @@ def never_connected(exc: BaseException) -> bool:
 
 
 def closed_while_idle(exc: BaseException) -> bool:
-    """The upstream closed a kept-alive connection just as a request went out on it, before a
-    byte of an answer: uvicorn closes one idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s), and its
-    close can cross the next request on the wire. Such a request was never read; browsers send
-    it again on a new connection, whatever its method (aiohttp does so only for idempotent ones).
-    A connection of its own closed unanswered is another matter (vLLM died on it): not this.
-    Nor is a reset of an open connection: uvicorn's close is a FIN, so a request crossing it
-    meets EOF, or the RST of a socket already closed (EPIPE, in CLOSE_WAIT); ECONNRESET comes
-    from a vLLM that had the request, and may have run it."""
+    """The upstream closed a kept-alive connection as the request went out on it, before
+    reading it: uvicorn closes one idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s), and its close
+    can cross the next request on the wire. Such a request was never read, whatever its method,
+    and may go again on a new connection (browsers do; aiohttp only for idempotent methods).
+
+    Told apart by TCP, not by the kind of close (marks.Wire): only when vLLM's kernel had
+    acknowledged no byte of the request when the connection went. A vLLM that read the request
+    and then closed, reset or died had acknowledged it: that request may have run (a weight
+    update waiting for a broadcast, a generation), and is never sent again. A connection of its
+    own closed unanswered is no idle close either: not this."""
     if isinstance(exc, aiohttp.ClientConnectorError):  # a new connection that failed
         return False
-    if isinstance(exc, ConnectionResetError) or getattr(exc, "errno", None) == errno.ECONNRESET:
-        return False
+    wire = _WIRE.get()
     return (
-        isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError) and _REUSED.get()
+        wire is not None
+        and wire.reused
+        and wire.unread
+        and isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError)
     )
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import struct
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -17,7 +15,6 @@ from tests.metrics import scrape
 from tests.sidecar import (
     COMPLETION,
     MakeSidecar,
-    Sidecar,
     StartSidecar,
     admin_of,
     assert_envelope,
@@ -101,148 +98,6 @@ async def test_unsolicited_bytes_on_an_idle_connection_never_reach_a_client(
         await eventually(pushy.all_closed, "the sidecar closes a connection pushed to")
     # Each connection that received bytes while idle was closed, never handed out again.
     assert pushy.connections >= 4
-
-
-class IdleClosingUpstream:
-    """A raw HTTP/1.1 server that answers `answers` POSTs per connection, then closes it as the
-    next one arrives, unanswered: as a client sees uvicorn's close of an idle kept-alive
-    connection crossing its next request on the wire. GETs (the health checks) are answered
-    and closed, so that only the POSTs reuse connections."""
-
-    def __init__(self, answers: int, *, reset: bool = False, then_down: bool = False) -> None:
-        self.answers = answers
-        self.reset = reset  # the unanswered request gets a reset (RST), not a close (FIN)
-        self.then_down = then_down  # and the server stops listening as it drops it
-        self.answered: list[str] = []
-        self.unanswered: list[str] = []
-        self.server: asyncio.Server | None = None
-
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        served = 0
-        try:
-            while True:
-                head, rid = await _request(reader)
-                if not head.startswith(b"POST"):
-                    writer.write(
-                        _answer(b"{}").replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1)
-                    )
-                    await writer.drain()
-                    return
-                if served == self.answers:
-                    self.unanswered.append(rid)
-                    if self.then_down and self.server is not None:
-                        self.server.close()
-                    if self.reset:
-                        linger = struct.pack("ii", 1, 0)  # closed at once: an RST
-                        writer.get_extra_info("socket").setsockopt(
-                            socket.SOL_SOCKET, socket.SO_LINGER, linger
-                        )
-                    return
-                served += 1
-                self.answered.append(rid)
-                writer.write(_answer(json.dumps({"request_id": rid}).encode()))
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    @property
-    def url(self) -> str:
-        assert self.server is not None
-        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-
-
-async def idle_closing(answers: int, **faults: bool) -> IdleClosingUpstream:
-    upstream = IdleClosingUpstream(answers, **faults)
-    upstream.server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
-    return upstream
-
-
-async def in_front_of(upstream: IdleClosingUpstream, make_sidecar: MakeSidecar) -> Sidecar:
-    """A sidecar for the raw upstream: its names given, no health checks to share its pool."""
-    return await make_sidecar(
-        upstream.url, ready=False, served_model_names=["tiny-model"], health_interval=3600
-    )
-
-
-async def after_one_answer(upstream: IdleClosingUpstream, make_sidecar: MakeSidecar) -> Sidecar:
-    """`in_front_of`, with one request answered: the next goes out on a reused connection."""
-    sidecar = await in_front_of(upstream, make_sidecar)
-    assert (await sidecar.client.post("/v1/completions", json=COMPLETION)).status == 200
-    return sidecar
-
-
-async def test_a_request_that_meets_vllm_closing_an_idle_connection_is_sent_again(
-    make_sidecar: MakeSidecar,
-) -> None:
-    """vLLM closes a connection idle for 5 s; a request that goes out on it that moment was
-    never read: it is sent again on a new connection, whatever its method, not failed."""
-    upstream = await idle_closing(answers=1)
-    async with upstream.server:  # type: ignore[union-attr]
-        sidecar = await in_front_of(upstream, make_sidecar)
-        ids = [f"client-{i}" for i in range(4)]
-        for rid in ids:  # one after the other: each after the first reuses a connection
-            resp = await sidecar.client.post(
-                "/v1/completions", json=COMPLETION, headers={"X-Request-Id": rid}
-            )
-            assert resp.status == 200, await resp.text()
-            assert await resp.json() == {"request_id": rid}
-        resp = await sidecar.client.post("/pause", headers={"X-Request-Id": "pause"})
-        assert resp.status == 200, await resp.text()
-    assert upstream.unanswered == [*ids[1:], "pause"]  # each met a closing connection once
-    assert upstream.answered == [*ids, "pause"]  # and was answered on a new one
-
-
-async def test_a_reset_on_a_reused_connection_is_not_sent_again(
-    make_sidecar: MakeSidecar,
-) -> None:
-    """uvicorn's idle close is a FIN, and a request crossing it meets at worst the RST of a
-    closed socket (EPIPE); a reset of an open connection (ECONNRESET) came from a vLLM that had
-    the request, and may have run it: the client gets its 502, and vLLM saw the request once
-    (the chaos run found such requests run twice)."""
-    upstream = await idle_closing(answers=1, reset=True)
-    async with upstream.server:  # type: ignore[union-attr]
-        sidecar = await after_one_answer(upstream, make_sidecar)
-        resp = await sidecar.client.post(
-            "/v1/completions", json=COMPLETION, headers={"X-Request-Id": "reset"}
-        )
-        await assert_envelope(resp, 502, "upstream_disconnected")
-    assert upstream.unanswered == ["reset"]
-    assert len(upstream.answered) == 1
-
-
-async def test_a_resend_that_finds_vllm_gone_reports_the_drop_not_an_unsent_request(
-    make_sidecar: MakeSidecar,
-) -> None:
-    """A request whose reused connection closed unanswered is sent again; when vLLM went down
-    with it, the new connection is refused. vLLM may have had the request, so the client is told
-    the connection dropped (`upstream_disconnected`), never `upstream_unreachable`, which says
-    that nothing was sent."""
-    upstream = await idle_closing(answers=1, then_down=True)
-    async with upstream.server:  # type: ignore[union-attr]
-        sidecar = await after_one_answer(upstream, make_sidecar)
-        resp = await sidecar.client.post(
-            "/v1/completions", json=COMPLETION, headers={"X-Request-Id": "gone"}
-        )
-        err = await assert_envelope(resp, 502, "upstream_disconnected")
-        assert "sent again" in err["message"]
-    assert upstream.unanswered == ["gone"]
-
-
-async def test_a_connection_of_its_own_closed_unanswered_is_not_sent_again(
-    make_sidecar: MakeSidecar,
-) -> None:
-    """A new connection vLLM closes without an answer is vLLM failing on the request: it
-    may have run, so the client gets the 502, and vLLM saw the request once."""
-    upstream = await idle_closing(answers=0)
-    async with upstream.server:  # type: ignore[union-attr]
-        sidecar = await in_front_of(upstream, make_sidecar)
-        resp = await sidecar.client.post(
-            "/v1/completions", json=COMPLETION, headers={"X-Request-Id": "once"}
-        )
-        await assert_envelope(resp, 502, "upstream_disconnected")
-    assert upstream.unanswered == ["once"]
 
 
 async def test_wait_for_a_pooled_connection_is_bounded(
