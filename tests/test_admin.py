@@ -144,7 +144,7 @@ async def test_two_apps_share_no_metrics(upstream: TestServer, make_sidecar: Mak
     )
 
 
-async def test_drain_is_taken_only_from_inside_the_pod_or_with_the_token(
+async def test_with_a_token_drain_from_outside_needs_it(
     upstream: TestServer, start_sidecar: StartSidecar
 ) -> None:
     """The admin port listens on the pod's IP (for Prometheus): one POST from anyone who reaches
@@ -176,28 +176,60 @@ async def test_drain_is_taken_only_from_inside_the_pod_or_with_the_token(
             assert ready.status == 503
 
 
-async def test_drain_from_loopback_needs_no_token(
+async def test_with_a_token_a_loopback_peer_needs_it_too(
     upstream: TestServer, start_sidecar: StartSidecar
 ) -> None:
-    """The pod's preStop calls 127.0.0.1 with no token (deploy/kubernetes/deployment.yaml)."""
+    """Behind a service mesh every inbound connection comes from loopback (Linkerd's proxy
+    connects from 127.0.0.1, Istio's from 127.0.0.6): there loopback is anyone who reaches the
+    pod, so the token is what counts. The pod's preStop sends it (tests/test_drain.py)."""
     proc, _ = await start_sidecar(
         str(upstream.make_url("")), "--admin-host", "0.0.0.0", "--control-token", "T0KEN"
     )
+    admin = admin_of(proc)
+    peers = ["127.0.0.1", "127.0.0.6"]
+    for peer in peers:
+        async with aiohttp.ClientSession(connector=_from(peer)) as session:
+            for auth in (None, "Bearer wrong"):
+                headers = {"Authorization": auth} if auth else {}
+                async with session.post(admin + "/drain", headers=headers) as resp:
+                    assert resp.status == 401, peer
+                    error = (await resp.json())["error"]
+                    assert error["reason"] == "unauthorized"
+                    assert "loopback included" in error["message"]
+            async with session.get(admin + "/readyz") as ready:
+                assert ready.status == 200  # nothing was drained
+    async with aiohttp.ClientSession(connector=_from(peers[-1])) as session:
+        auth = {"Authorization": "Bearer T0KEN"}
+        async with session.post(admin + "/drain", headers=auth) as resp:
+            assert resp.status == 200
+            assert await resp.json() == {"draining": True, "in_flight": 0}
+        async with session.get(admin + "/readyz") as ready:
+            assert ready.status == 503
+
+
+def _from(peer: str) -> aiohttp.TCPConnector:
+    """Connections from this loopback address (all of 127/8 is this machine's, as on a pod)."""
+    return aiohttp.TCPConnector(local_addr=(peer, 0))
+
+
+async def test_without_a_token_drain_is_taken_from_loopback_only(
+    upstream: TestServer, start_sidecar: StartSidecar
+) -> None:
+    """No token configured: the pod's preStop (127.0.0.1, deploy/kubernetes/deployment.yaml)
+    drains with none; a peer at the pod's IP is refused, whatever it sends."""
+    proc, _ = await start_sidecar(str(upstream.make_url("")), "--admin-host", "0.0.0.0")
+    port = admin_of(proc).rsplit(":", 1)[1]
     async with aiohttp.ClientSession() as session:
+        async with session.post(
+            f"http://{own_address()}:{port}/drain", headers={"Authorization": "Bearer T0KEN"}
+        ) as resp:
+            assert resp.status == 401
+            error = (await resp.json())["error"]
+            assert "only from a loopback peer" in error["message"]
+        async with session.get(admin_of(proc) + "/readyz") as ready:
+            assert ready.status == 200
         async with session.post(admin_of(proc) + "/drain") as resp:
             assert resp.status == 200
             assert await resp.json() == {"draining": True, "in_flight": 0}
         async with session.get(admin_of(proc) + "/readyz") as ready:
             assert ready.status == 503
-
-
-async def test_without_a_token_drain_from_outside_is_refused(
-    upstream: TestServer, start_sidecar: StartSidecar
-) -> None:
-    proc, _ = await start_sidecar(str(upstream.make_url("")), "--admin-host", "0.0.0.0")
-    port = admin_of(proc).rsplit(":", 1)[1]
-    async with aiohttp.ClientSession() as session:
-        async with session.post(f"http://{own_address()}:{port}/drain") as resp:
-            assert resp.status == 401
-        async with session.get(admin_of(proc) + "/readyz") as ready:
-            assert ready.status == 200

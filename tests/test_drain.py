@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import aiohttp
+import pytest
 import yaml
 from aiohttp.test_utils import TestServer
 
@@ -102,31 +103,48 @@ async def test_request_still_running_at_the_deadline_gets_the_503_envelope(
     assert fake.cancelled == ["/v1/completions"]  # vLLM aborts the generation
 
 
-def _pre_stop() -> list[str]:
-    """The vLLM container's preStop command, as the pod runs it."""
+def _pre_stop() -> tuple[list[str], str]:
+    """The vLLM container's preStop command, as the pod runs it, and the variable the pod sets
+    for it from the Secret the sidecar reads its control token from."""
     deployment = yaml.safe_load(DEPLOYMENT.read_text())
-    [vllm] = deployment["spec"]["template"]["spec"]["containers"]
+    spec = deployment["spec"]["template"]["spec"]
+    [sidecar], [vllm] = spec["initContainers"], spec["containers"]
+    [secret] = [
+        e["valueFrom"]["secretKeyRef"]
+        for e in sidecar["env"]
+        if e["name"] == "VLLM_SIDECAR_CONTROL_TOKEN"
+    ]
+    [name] = [
+        e["name"] for e in vllm["env"] if e.get("valueFrom", {}).get("secretKeyRef") == secret
+    ]
     command: list[str] = vllm["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "python3"
-    return [sys.executable, *command[1:]]
+    return [sys.executable, *command[1:]], name
 
 
+@pytest.mark.parametrize("token", [None, "T0KEN"])
 async def test_pre_stop_drains_through_the_sidecar_before_vllm_stops(
-    upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
+    upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar, token: str | None
 ) -> None:
-    proc, url = await start_sidecar(str(upstream.make_url("")), "--shutdown-grace", "20")
+    """With the control token set (its Secret exists), /drain needs it from loopback too, as a
+    meshed pod must (tests/test_admin.py): the hook sends it. Without the Secret, the pod sets
+    no variable and the hook drains from loopback with none."""
+    settings = ("--control-token", token) if token else ()
+    proc, url = await start_sidecar(str(upstream.make_url("")), "--shutdown-grace", "20", *settings)
     fake.stream_events, fake.stream_delay = 10, 0.2  # a 2 s stream, started before the preStop
-    env = {**os.environ, "SIDECAR_DRAIN_DELAY": "0", "SIDECAR_ADMIN_URL": admin_of(proc)}
+    command, variable = _pre_stop()
+    env = {k: v for k, v in os.environ.items() if k != variable}
+    env |= {variable: token} if token else {}
+    env |= {"SIDECAR_DRAIN_DELAY": "0", "SIDECAR_ADMIN_URL": admin_of(proc)}
     async with aiohttp.ClientSession() as session:
         async with session.post(
             f"{url}/v1/completions", json={**COMPLETION, "stream": True}
         ) as stream:
             await stream.content.readuntil(b"\n\n")
-            hook = await asyncio.create_subprocess_exec(
-                *_pre_stop(), env=env, stdout=subprocess.PIPE
-            )
+            hook = await asyncio.create_subprocess_exec(*command, env=env, stdout=subprocess.PIPE)
 
             async def unready() -> bool:
+                assert hook.returncode is None, "the preStop hook failed: not drained"
                 async with session.get(f"{admin_of(proc)}/readyz") as ready:
                     return ready.status == 503
 

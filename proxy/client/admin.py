@@ -42,11 +42,11 @@ async def drain(request: web.Request) -> web.Response:
     """Stop taking requests and wait for those in flight: the pod's preStop hook calls this, so
     that the sidecar drains while vLLM still runs (a native sidecar's own SIGTERM comes only
     after vLLM has exited). Answers when nothing is in flight, or when the grace is over.
-    It takes a pod out of service, so it is taken only from inside the pod or with the control
-    token (`_may_drain`)."""
+    It takes a pod out of service, so it is guarded (`_may_drain`)."""
     proxy = request.app[PROXY]
-    if not _may_drain(request, proxy[LIFECYCLE].token):
-        return _drain_refused(request)
+    token = proxy[LIFECYCLE].token
+    if not _may_drain(request, token):
+        return _drain_refused(request, token_set=token is not None)
     workers = proxy.get(DRAIN)
     if workers is not None:  # --workers N: each worker drains its own
         left = await workers()
@@ -57,11 +57,13 @@ async def drain(request: web.Request) -> web.Response:
 
 
 def _may_drain(request: web.Request, token: bytes | None) -> bool:
-    """From a loopback peer (the pod's own preStop: containers of a pod share its network), or
-    carrying `Authorization: Bearer <control token>`. The admin port listens on the pod's IP
-    for Prometheus, and one call from anyone who reaches it would otherwise drain the pod."""
-    if token is not None and authorized(request.headers.get("Authorization"), token):
-        return True
+    """With a control token, only a request carrying `Authorization: Bearer <token>`, from any
+    peer: behind a service mesh every inbound connection comes from loopback (Linkerd's proxy
+    connects from 127.0.0.1, Istio's from 127.0.0.6), so there a loopback peer is anyone who
+    reaches the pod. Without one, a loopback peer only (the pod's own preStop: containers of a
+    pod share its network); the admin port listens on the pod's IP for Prometheus."""
+    if token is not None:
+        return authorized(request.headers.get("Authorization"), token)
     peer = request.transport.get_extra_info("peername") if request.transport else None
     return isinstance(peer, tuple) and _loopback(peer[0])
 
@@ -76,12 +78,19 @@ def _loopback(host: str) -> bool:
     return address.is_loopback
 
 
-def _drain_refused(request: web.Request) -> web.Response:
-    failure = Unauthorized(
-        "POST /drain takes the pod out of service: it is taken from inside the pod (a loopback "
-        "address, as the preStop hook calls it) or with `Authorization: Bearer <token>` "
-        "(--control-token). Nothing was drained."
-    )
+_REFUSED = "POST /drain takes the pod out of service: {}. Nothing was drained."
+_NEEDS_TOKEN = (
+    "it needs `Authorization: Bearer <token>` (--control-token) from every peer, loopback "
+    "included (behind a service mesh every connection comes from loopback)"
+)
+_LOOPBACK_ONLY = (
+    "without --control-token it is taken only from a loopback peer (inside the pod, as the "
+    "preStop hook calls it)"
+)
+
+
+def _drain_refused(request: web.Request, *, token_set: bool) -> web.Response:
+    failure = Unauthorized(_REFUSED.format(_NEEDS_TOKEN if token_set else _LOOPBACK_ONLY))
     rid = request_id(request.headers)
     return web.Response(
         status=failure.status,

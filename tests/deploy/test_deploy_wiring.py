@@ -253,6 +253,9 @@ def test_the_control_token_comes_from_a_secret_in_kubernetes_and_the_environment
     assert "value" not in token, "a token in the manifest would be a token in git"
     assert token["valueFrom"]["secretKeyRef"]["name"] == "vllm-sidecar-control"
     assert token["valueFrom"]["secretKeyRef"]["key"] == "token"
+    # A pod without the Secret still starts; vLLM's preStop reads the same reference
+    # (tests/test_drain.py), so it sends the token exactly when the sidecar has one.
+    assert token["valueFrom"]["secretKeyRef"]["optional"] is True
     environment = load_yaml(COMPOSE)["services"]["sidecar"]["environment"]
     assert environment["VLLM_SIDECAR_CONTROL_TOKEN"] == "${VLLM_SIDECAR_CONTROL_TOKEN:-}"
 
