@@ -16,26 +16,33 @@ EXPECT = istr("Expect")
 SIDECAR_ERROR = istr("X-Sidecar-Error")
 
 # RFC 9110 section 7.6.1: connection-specific fields a proxy must not forward, plus the fields
-# RFC 7230 listed as hop-by-hop that clients still send.
+# RFC 7230 listed as hop-by-hop that clients still send. Field names are case-insensitive
+# (section 5.1) and arrive in any case (uvicorn writes lower case, the lean hop keeps it): every
+# set of names here is lower case, and a name is looked up by its `.lower()`. (An `istr` in a
+# frozenset does not help: it hashes as the string it was made from, so `"upgrade"` misses it.)
 HOP_BY_HOP = frozenset(
-    istr(h)
-    for h in (
-        "Connection",
-        "Proxy-Connection",
-        "Keep-Alive",
-        "TE",
-        "Trailer",
-        "Transfer-Encoding",
-        "Upgrade",
-        "Proxy-Authenticate",
-        "Proxy-Authorization",
+    (
+        "connection",
+        "proxy-connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-authenticate",
+        "proxy-authorization",
     )
 )
 # Recomputed for the next hop: the host is the upstream's, the length is that of what we send.
 # Expect: the sidecar has already read the whole body (and answered 100 Continue itself), so
 # asking the upstream for permission to send it would only cost a round trip.
-_REQUEST_DROP = HOP_BY_HOP | {istr("Host"), istr("Content-Length"), istr("Expect")}
-_RESPONSE_DROP = HOP_BY_HOP
+_REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "expect"}
+# What the sidecar says about an answer is the sidecar's alone: an upstream's own X-Sidecar-* or
+# weight-version fields would be read as the sidecar's word (a forged error reason, a version
+# the engine never served), so they go before the sidecar adds its own.
+_OWN = frozenset(("x-weight-version", "x-weight-version-end", "x-weight-versions"))
+_OWN_PREFIX = "x-sidecar-"
+_RESPONSE_DROP = HOP_BY_HOP | _OWN
 
 
 # The encodings aiohttp's server inflates as it reads a request body (http_parser.py: exactly
@@ -51,22 +58,26 @@ def inflated(headers: MultiMapping[str]) -> bool:
     return encoding.isascii() and encoding.lower() in INFLATED
 
 
-def _connection_tokens(headers: MultiMapping[str]) -> set[istr]:
-    # RFC 9110 section 7.6.1: fields named by Connection are hop-by-hop too.
-    return {
-        istr(token.strip())
+def _connection_tokens(headers: MultiMapping[str]) -> frozenset[str]:
+    # RFC 9110 section 7.6.1: fields named by Connection are hop-by-hop too, in any case.
+    return frozenset(
+        token.strip().lower()
         for value in headers.getall("Connection", ())
         for token in value.split(",")
         if token.strip()
-    }
+    )
 
 
-def _filtered(headers: MultiMapping[str], drop: frozenset[istr]) -> CIMultiDict[str]:
+def _filtered(
+    headers: MultiMapping[str], drop: frozenset[str], prefix: str | None = None
+) -> CIMultiDict[str]:
     named = _connection_tokens(headers) if "Connection" in headers else frozenset()
     out: CIMultiDict[str] = CIMultiDict()
     for key, value in headers.items():
-        if key not in drop and key not in named:
-            out.add(key, value)
+        name = key.lower()
+        if name in drop or name in named or (prefix is not None and name.startswith(prefix)):
+            continue
+        out.add(key, value)
     return out
 
 
@@ -160,7 +171,7 @@ def _forwarded_element(client_ip: str | None, scheme: str, host: str | None) -> 
 
 
 def response_headers(headers: MultiMapping[str], *, rid: str) -> CIMultiDict[str]:
-    out = _filtered(headers, _RESPONSE_DROP)
+    out = _filtered(headers, _RESPONSE_DROP, _OWN_PREFIX)
     out[REQUEST_ID] = rid
     return out
 

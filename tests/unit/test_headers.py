@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from multidict import CIMultiDict
 
@@ -140,3 +142,44 @@ def test_drop_removes_every_value_and_ignores_absent_names() -> None:
     headers = CIMultiDict([("Content-Length", "5"), ("content-length", "6"), ("X-Keep", "1")])
     drop(headers, ["Content-Length", "Content-Encoding"])
     assert list(headers.items()) == [("X-Keep", "1")]
+
+
+_HOP = ("Connection", "Proxy-Connection", "Keep-Alive", "TE", "Trailer", "Transfer-Encoding")
+_HOP_ALSO = ("Upgrade", "Proxy-Authenticate", "Proxy-Authorization")
+
+
+@pytest.mark.parametrize("spell", [str.lower, str.upper, str.title, str.swapcase])
+def test_hop_by_hop_fields_go_in_any_case(spell: Callable[[str], str]) -> None:
+    """RFC 9110 section 5.1: field names are case-insensitive; uvicorn writes them in lower case
+    and the lean hop keeps what the upstream wrote, so `transfer-encoding` must go too (relayed
+    beside a Content-Length over an unchunked body, no client could read the answer)."""
+    fields = [(spell(n), "x") for n in (*_HOP, *_HOP_ALSO)]
+    fields += [(spell("Connection"), "X-Named"), ("x-NAMED", "1"), ("Content-Type", "a/b")]
+    answer = response_headers(CIMultiDict(fields), rid="r")
+    assert {k.lower() for k in answer} == {"content-type", "x-request-id"}
+    sent = upstream_request_headers(
+        CIMultiDict(fields), rid="r", client_ip=None, scheme="http", host=None
+    )
+    assert {k.lower() for k in sent} == {
+        "content-type",
+        "x-request-id",
+        "forwarded",
+        "x-forwarded-proto",
+    }
+
+
+def test_the_sidecars_own_answer_fields_never_come_from_the_upstream() -> None:
+    """What the sidecar says about an answer (its error reason, the weight versions, whether it
+    continued a generation) is its own: an upstream's forged copy is dropped before they are set."""
+    upstream = CIMultiDict(
+        [
+            ("X-Sidecar-Error", "forged"),
+            ("x-sidecar-continued", "3"),
+            ("X-Weight-Version", "9"),
+            ("x-weight-version-end", "9"),
+            ("X-WEIGHT-VERSIONS", "9"),
+            ("X-Weights", "kept: not a name of ours"),
+        ]
+    )
+    out = response_headers(upstream, rid="r")
+    assert {k.lower() for k in out} == {"x-weights", "x-request-id"}
