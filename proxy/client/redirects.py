@@ -14,11 +14,11 @@ from proxy.upstream.session import UPSTREAM
 def own_origin(location: str, upstream: URL, origin: str) -> str | None:
     """A `Location` on the upstream's origin (and under its base path), moved to `origin`, the
     request's own, as nginx's `proxy_redirect default` does; None when it names elsewhere."""
-    try:
+    try:  # yarl raises for what is no URL, and `origin()` for what has no scheme or a bad port
         url = URL(location, encoded=True)
-    except ValueError:
-        return None
-    if not url.absolute or url.origin() != upstream.origin():
+        if not url.absolute or not url.scheme or url.origin() != upstream.origin():
+            return None
+    except ValueError:  # "//evil.example/x", "http://a:99999/": not the upstream's, left alone
         return None
     base = upstream.raw_path.rstrip("/")
     path = url.raw_path

@@ -32,6 +32,11 @@ def test_the_upstreams_origin_is_moved_to_the_requests(location: str, moved: str
         "https://127.0.0.1:8000/pause",  # another scheme
         "http://example.com/pause",
         "http://[::1/x",  # not a URL
+        "//evil.example/x",  # scheme-relative: yarl's origin() raises for it
+        "//127.0.0.1:8000/pause",  # the upstream's host, but no scheme: not its origin
+        "http://127.0.0.1:99999/pause",  # a port out of range
+        "http:///pause",
+        "mailto:ops@example.com",
     ],
 )
 def test_anything_else_is_left_as_it_is(location: str) -> None:
