@@ -11,9 +11,11 @@ import random
 import zlib
 from collections.abc import Callable
 
+import brotli
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from backports import zstd
 
 from proxy.client.inbound import STREAM_FROM
 from tests.fake_vllm import FakeVLLM, respond
@@ -436,7 +438,14 @@ async def test_a_redirect_to_vllm_leads_back_to_the_sidecar(
 # -- compressed request bodies: forwarded as what they are once inflated ---------------------
 @pytest.mark.parametrize(
     ("encoding", "compress"),
-    [("gzip", gzip.compress), ("deflate", zlib.compress), ("GZip", gzip.compress)],
+    [
+        ("gzip", gzip.compress),
+        ("deflate", zlib.compress),
+        ("GZip", gzip.compress),
+        ("br", brotli.compress),
+        ("zstd", zstd.compress),
+        ("ZSTD", zstd.compress),
+    ],
 )
 async def test_a_compressed_body_reaches_vllm_inflated_and_labelled_so(
     sidecar: Sidecar, fake: FakeVLLM, encoding: str, compress: Callable[[bytes], bytes]
