@@ -7,7 +7,7 @@ SKYRL04_BIN := .venv-skyrl04/bin
 PORT ?= 8080
 UPSTREAM ?= http://127.0.0.1:8000
 
-.PHONY: run demo test test-env lint unit faults-aiohttp mutate bench clean
+.PHONY: run demo test test-env lint unit faults-aiohttp differential mutate bench clean
 
 ## Install the sidecar and run it in front of UPSTREAM (default http://127.0.0.1:8000).
 run: $(BIN)/vllm-sidecar
@@ -43,6 +43,12 @@ unit:
 ## The fault suite once more with aiohttp's client on the proxied path (--upstream-client aiohttp).
 faults-aiohttp: test-env
 	VLLM_SIDECAR_UPSTREAM_CLIENT=aiohttp $(BIN)/pytest tests/reliability tests/test_upstream_guards.py tests/test_forward.py tests/test_failures.py
+
+## The differential harness's long run (the short seeded one is in the suite): EXAMPLES, SEED.
+EXAMPLES ?= 2000
+SEED ?= 25
+differential: test-env
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/differential.py --examples $(EXAMPLES) --seed $(SEED)
 
 ## Mutation testing of the pure modules by the unit tests (minutes; not in CI): docs/testing.md.
 mutate:
