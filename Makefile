@@ -7,7 +7,7 @@ SKYRL04_BIN := .venv-skyrl04/bin
 PORT ?= 8080
 UPSTREAM ?= http://127.0.0.1:8000
 
-.PHONY: run demo test test-env lint unit faults-aiohttp differential mutate bench clean differential-hops
+.PHONY: run demo test test-env lint unit faults-aiohttp differential mutate bench clean
 
 ## Install the sidecar and run it in front of UPSTREAM (default http://127.0.0.1:8000).
 run: $(BIN)/vllm-sidecar
@@ -49,10 +49,6 @@ EXAMPLES ?= 2000
 SEED ?= 25
 differential: test-env
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/differential.py --examples $(EXAMPLES) --seed $(SEED)
-
-## The same against nginx too, and for requests (tests/differential/): EXAMPLES, SEED.
-differential-hops: test-env
-	PYTHONPATH=$(CURDIR) $(BIN)/python bench/differential_hops.py --examples $(EXAMPLES) --seed $(SEED)
 
 ## Mutation testing of the pure modules by the unit tests (minutes; not in CI): docs/testing.md.
 mutate:
