@@ -17,6 +17,12 @@ def answer(*fields: bytes, body: bytes = JSON, status: bytes = b"200 OK") -> byt
     return b"HTTP/1.1 " + status + b"\r\n" + b"".join(f + b"\r\n" for f in fields) + b"\r\n" + body
 
 
+def json_get(fake: FakeVLLM, *fields: bytes) -> None:
+    """The next /get_world_size is answered JSON with its length and `fields` besides."""
+    head = (b"content-type: application/json", b"content-length: %d" % len(JSON), *fields)
+    fake.script("GET /get_world_size", raw(answer(*head)))
+
+
 async def exchange(sidecar: Sidecar, request: bytes) -> tuple[int, dict[str, list[str]], bytes]:
     """One raw request to the sidecar: the status, the fields (lower-case names) and the body
     read by its framing as a strict client would (Content-Length, chunked, or to the close)."""
@@ -67,22 +73,16 @@ async def test_a_chunked_json_answer_in_lower_case_reaches_the_client_readable(
 async def test_hop_by_hop_fields_of_an_answer_go_in_any_case(
     sidecar: Sidecar, fake: FakeVLLM
 ) -> None:
-    fake.script(
-        "GET /get_world_size",
-        raw(
-            answer(
-                b"content-type: application/json",
-                b"content-length: %d" % len(JSON),
-                b"connection: close, x-hop",
-                b"x-hop: secret",
-                b"X-HOP: secret",
-                b"keep-alive: timeout=5",
-                b"proxy-authenticate: Basic",
-                b"upgrade: h2c",
-                b"proxy-connection: keep-alive",
-                b"x-kept: 1",
-            )
-        ),
+    json_get(
+        fake,
+        b"connection: close, x-hop",
+        b"x-hop: secret",
+        b"X-HOP: secret",
+        b"keep-alive: timeout=5",
+        b"proxy-authenticate: Basic",
+        b"upgrade: h2c",
+        b"proxy-connection: keep-alive",
+        b"x-kept: 1",
     )
     status, fields, body = await exchange(sidecar, GET)
     assert status == 200
@@ -115,19 +115,13 @@ async def test_what_the_sidecar_says_of_an_answer_is_never_the_upstreams(
 ) -> None:
     """A forged X-Sidecar-Error or weight version on a plain 200 is dropped; the answer carries
     the sidecar's own X-Weight-Version, and nothing of the rest (continuation is off)."""
-    fake.script(
-        "GET /get_world_size",
-        raw(
-            answer(
-                b"content-type: application/json",
-                b"content-length: %d" % len(JSON),
-                b"X-Sidecar-Error: upstream_timeout",
-                b"x-weight-version-end: 99",
-                b"X-Weight-Versions: 99",
-                b"x-sidecar-continued: 3",
-                b"x-weight-version: 99",
-            )
-        ),
+    json_get(
+        fake,
+        b"X-Sidecar-Error: upstream_timeout",
+        b"x-weight-version-end: 99",
+        b"X-Weight-Versions: 99",
+        b"x-sidecar-continued: 3",
+        b"x-weight-version: 99",
     )
     status, fields, body = await exchange(sidecar, GET)
     assert (status, body) == (200, JSON)
@@ -173,10 +167,7 @@ async def test_a_head_past_aiohttps_bounds_is_an_invalid_response(
 ) -> None:
     """aiohttp's client refuses a field over 8190 bytes or more than 128 fields; so does the
     lean hop (nginx: "upstream sent too big header"), with the sidecar's 502."""
-    fake.script(
-        "GET /get_world_size",
-        raw(answer(b"content-type: application/json", b"content-length: %d" % len(JSON), *fields)),
-    )
+    json_get(fake, *fields)
     status, got, body = await exchange(sidecar, GET)
     assert status == 502
     assert got["x-sidecar-error"] == ["upstream_invalid_response"]
@@ -185,10 +176,7 @@ async def test_a_head_past_aiohttps_bounds_is_an_invalid_response(
 
 async def test_a_head_within_the_bounds_passes(sidecar: Sidecar, fake: FakeVLLM) -> None:
     fields = [b"x-f%d: v" % i for i in range(100)] + [b"x-big: " + b"a" * 8_000]
-    fake.script(
-        "GET /get_world_size",
-        raw(answer(b"content-type: application/json", b"content-length: %d" % len(JSON), *fields)),
-    )
+    json_get(fake, *fields)
     status, got, body = await exchange(sidecar, GET)
     assert (status, body) == (200, JSON)
     assert got["x-big"] == ["a" * 8_000]
