@@ -73,11 +73,15 @@ def _filtered(
 ) -> CIMultiDict[str]:
     named = _connection_tokens(headers) if "Connection" in headers else frozenset()
     out: CIMultiDict[str] = CIMultiDict()
+    # A field repeated in other spellings (`X-Foo`, `x-foo`) keeps its first: aiohttp's client
+    # (`ClientSession._prepare_headers`, 3.14) tracks the names it has added case-sensitively,
+    # so each new spelling would replace the values before it, and vLLM would get only the last.
+    spelt: dict[str, str] = {}
     for key, value in headers.items():
         name = key.lower()
         if name in drop or name in named or (prefix is not None and name.startswith(prefix)):
             continue
-        out.add(key, value)
+        out.add(spelt.setdefault(name, key), value)
     return out
 
 

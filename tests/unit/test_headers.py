@@ -183,3 +183,18 @@ def test_the_sidecars_own_answer_fields_never_come_from_the_upstream() -> None:
     )
     out = response_headers(upstream, rid="r")
     assert {k.lower() for k in out} == {"x-weights", "x-request-id"}
+
+
+def test_a_field_repeated_in_other_spellings_keeps_its_first_and_every_value() -> None:
+    """One list whatever its spellings (RFC 9110 section 5.3); aiohttp's client keeps only the
+    last spelling's values of a name it meets spelt anew, so every value goes out spelt alike."""
+    fields = CIMultiDict([("X-Foo", "1"), ("x-foo", "2"), ("X-FOO", "3"), ("Y", "y")])
+    sent = upstream_request_headers(fields, rid="r", client_ip=None, scheme="http", host=None)
+    assert [(k, v) for k, v in sent.items() if k.lower() in ("x-foo", "y")] == [
+        ("X-Foo", "1"),
+        ("X-Foo", "2"),
+        ("X-Foo", "3"),
+        ("Y", "y"),
+    ]
+    answer = response_headers(CIMultiDict([("set-cookie", "a"), ("Set-Cookie", "b")]), rid="r")
+    assert answer.getall("Set-Cookie") == ["a", "b"]
