@@ -30,14 +30,17 @@ log = logging.getLogger("proxy.upstream")  # its name before the layers: kept fo
 
 
 class _AnsweredOnce(ResponseHandler):
-    """A pooled connection that closes itself when the upstream writes while no request waits.
+    """A pooled connection that closes itself when the upstream writes while no request waits,
+    or writes a second final answer to one request.
 
     aiohttp parses such bytes into its queue and hands the connection to the next request,
     which then reads the stale response as its own, and every later request on it the previous
     one's (the pool checks only that the socket is open). nginx and Envoy close an idle
     upstream connection that receives data; so does this. Waiting starts when a request's
     response parameters are set, just before it is sent, and ends when a final (non-1xx)
-    response has been read to its end.
+    response has been read to its end. An answer that arrives in the same read as the end of
+    the one before is parsed in that read, after the first has released the connection to the
+    pool: it is dropped, and the connection closed, before any request can take it.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -64,6 +67,12 @@ class _AnsweredOnce(ResponseHandler):
     def feed_data(self, data: Any, size: int = 0) -> None:
         message, payload = data
         if message.code >= 200:
+            if self._answer is not None or not self._waiting:
+                log.warning("closing an upstream connection that sent an answer nobody asked for")
+                self._should_close = True
+                if self.transport is not None:
+                    self.transport.close()
+                return
             self._answer = payload
         super().feed_data(data, size)
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from aiohttp.test_utils import TestServer
 
 from tests.fake_vllm import FakeVLLM, raw
-from tests.sidecar import Sidecar
+from tests.sidecar import MakeSidecar, Sidecar
 
 JSON = b'{"world_size": 1}'
 
@@ -180,3 +181,77 @@ async def test_a_head_within_the_bounds_passes(sidecar: Sidecar, fake: FakeVLLM)
     status, got, body = await exchange(sidecar, GET)
     assert (status, body) == (200, JSON)
     assert got["x-big"] == ["a" * 8_000]
+
+
+CLIENTS = pytest.mark.parametrize("client", ["lean", "aiohttp"])
+
+
+@CLIENTS
+async def test_a_field_repeated_in_other_spellings_reaches_vllm_whole(
+    upstream: TestServer, make_sidecar: MakeSidecar, fake: FakeVLLM, client: str
+) -> None:
+    """RFC 9110 section 5.3: a repeated field is one list, whatever its spellings. aiohttp's
+    client (3.14's `_prepare_headers`) kept only the last spelling's values."""
+    sidecar = await make_sidecar(str(upstream.make_url("")), upstream_client=client)
+    json_get(fake)
+    request = (
+        b"GET /get_world_size HTTP/1.1\r\nHost: sidecar\r\nX-Foo: 1\r\nx-foo: 2\r\n"
+        b"X-FOO: 3\r\nx-foo: 4\r\nConnection: close\r\n\r\n"
+    )
+    status, _, _ = await exchange(sidecar, request)
+    assert status == 200
+    assert fake.last("/get_world_size").headers.getall("X-Foo") == ["1", "2", "3", "4"]
+
+
+class StrayAfterLong:
+    """A raw upstream that answers `/long` with a 70 KB body and, in the same write, a second
+    answer no request asked for; `/n/<i>` with its own target, anything else `{}`."""
+
+    LONG = b"a" * 70_000
+
+    def __init__(self) -> None:
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                target = head.split(b" ", 2)[1]
+                if target == b"/long":
+                    writer.write(answer(b"content-length: 70000", body=self.LONG))
+                    writer.write(answer(b"content-length: 5", body=b"stale"))
+                elif target.startswith(b"/n/"):
+                    writer.write(answer(b"content-length: %d" % len(target), body=target))
+                else:
+                    writer.write(answer(b"content-length: 2", body=b"{}"))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@CLIENTS
+async def test_a_stray_answer_behind_a_long_body_is_nobodys(
+    make_sidecar: MakeSidecar, client: str
+) -> None:
+    """An answer the upstream wrote right behind another's body, in the same write, belongs to
+    no request: the connection it came on is not used again (nginx closes it too), and every
+    later request gets its own answer. aiohttp's client had queued it as the next answer, so
+    each later request on that pooled connection got the one before it."""
+    async with StrayAfterLong() as url:
+        sidecar = await make_sidecar(
+            url, upstream_client=client, served_model_names=["m"], discovery_interval=3600
+        )
+        resp = await sidecar.client.get("/long")
+        assert (resp.status, await resp.read()) == (200, StrayAfterLong.LONG)
+        for i in range(4):
+            resp = await sidecar.client.get(f"/n/{i}")
+            assert (resp.status, await resp.text()) == (200, f"/n/{i}")
