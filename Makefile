@@ -44,7 +44,8 @@ unit:
 faults-aiohttp: test-env
 	VLLM_SIDECAR_UPSTREAM_CLIENT=aiohttp $(BIN)/pytest tests/reliability tests/test_upstream_guards.py tests/test_forward.py tests/test_failures.py
 
-## The differential harness's long run (the short seeded one is in the suite): EXAMPLES, SEED.
+## The differential harness's long run (tests/differential/; the short seeded one is in the suite):
+## answers and requests through the lean hop, aiohttp's client and nginx. EXAMPLES, SEED.
 EXAMPLES ?= 2000
 SEED ?= 25
 differential: test-env
