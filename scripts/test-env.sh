@@ -27,14 +27,48 @@ fi
 
 stamp="$VENV/.stamp-$(sha256sum pyproject.toml scripts/test-env.sh | sha256sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
+  start=$SECONDS
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
   "$VENV/bin/pip" install -q -e '.[dev]'
   touch "$stamp"
+  echo "timed: test-env/venv $((SECONDS - start)) s, exit 0"
 fi
 
-# Optional parts add themselves here (each script is idempotent).
+# Optional parts add themselves here (each script is idempotent). They run side by side: each
+# builds a venv of its own or installs a system package (apt waits for its lock), and most of
+# their time is downloads. The parts that install into the test venv itself ($VENV) run one
+# after the other, in one job, since two pips in one venv at once can break it.
+shared_venv=(20-skyrl 30-deploy-tools)
+logs=$(mktemp -d)
+run_part() {
+  local part=$1 name
+  name=$(basename "$part" .sh)
+  VENV="$VENV" bash scripts/timed.sh "test-env/$name" bash "$part" >"$logs/$name.log" 2>&1
+}
+pids=()
 for part in scripts/test-env.d/*.sh; do
-  [ -e "$part" ] && VENV="$VENV" bash "$part"
+  name=$(basename "$part" .sh)
+  [[ " ${shared_venv[*]} " == *" $name "* ]] && continue
+  run_part "$part" &
+  pids+=($!)
 done
-exit 0
+(for name in "${shared_venv[@]}"; do
+  [ -e "scripts/test-env.d/$name.sh" ] || continue
+  run_part "scripts/test-env.d/$name.sh" || exit 1
+done) &
+pids+=($!)
+failed=0
+for pid in "${pids[@]}"; do
+  wait "$pid" || failed=1
+done
+for log in "$logs"/*.log; do
+  if [ "$failed" = 1 ] || grep -q "^timed: .*, exit [^0]" "$log"; then
+    echo "== $(basename "$log" .log)" >&2
+    cat "$log" >&2
+  else
+    grep "^timed: " "$log"
+  fi
+done
+rm -rf "$logs"
+exit "$failed"

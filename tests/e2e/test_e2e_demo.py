@@ -21,6 +21,13 @@ def ports() -> dict[str, str]:
     return {name: str(free_port()) for name in ("VLLM_PORT", "PORT", "ADMIN_PORT")}
 
 
+def _interruptible() -> None:
+    # A shell cannot trap a signal ignored when it started (POSIX), and a job started in the
+    # background by a non-interactive shell (`.ci/run &`, nohup, some CI runners) starts with
+    # SIGINT ignored, which every child inherits: the demo is started as a terminal starts it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def demo(ports: dict[str, str]) -> subprocess.Popen[str]:
     env = {**os.environ, **ports, "VENV": str(Path(sys.executable).parent.parent)}
     return subprocess.Popen(
@@ -32,6 +39,7 @@ def demo(ports: dict[str, str]) -> subprocess.Popen[str]:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=_interruptible,
     )
 
 
