@@ -7,7 +7,7 @@ SKYRL04_BIN := .venv-skyrl04/bin
 PORT ?= 8080
 UPSTREAM ?= http://127.0.0.1:8000
 
-.PHONY: run demo test test-env lint unit faults-aiohttp differential mutate bench clean
+.PHONY: run demo test test-env lint unit faults-aiohttp differential mutate bench clean lock
 
 ## Install the sidecar and run it in front of UPSTREAM (default http://127.0.0.1:8000).
 run: $(BIN)/vllm-sidecar
@@ -62,8 +62,13 @@ mutate:
 bench: $(BIN)/vllm-sidecar
 	python3 bench/run.py
 
+## Pin again what the image installs (requirements/, from pyproject.toml, hashed; scripts/lock.sh).
+## Pins that still fit are kept: LOCK_ARGS=--upgrade (or '--upgrade-package NAME') moves them.
+lock:
+	bash scripts/lock.sh $(LOCK_ARGS)
+
 clean:
-	rm -rf $(VENV) .venv-vllm .venv-deploy .venv-skyrl04 .cache .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm .venv-deploy .venv-skyrl04 .venv-lock .cache .pytest_cache .mypy_cache .ruff_cache
 
 ## A real vLLM on CPU serving a tiny local model, the sidecar in front, a few requests through it.
 demo: $(BIN)/vllm-sidecar
