@@ -12,9 +12,9 @@ WORKDIR /src
 # layer that a change to the code alone does not rebuild. The build backend gets a venv of its
 # own that stays in this stage.
 COPY requirements/ ./requirements/
-RUN python -m venv /opt/build \
+RUN python3 -m venv /opt/build \
     && /opt/build/bin/pip install --no-cache-dir --require-hashes -r requirements/build.txt \
-    && python -m venv /opt/vllm-sidecar \
+    && python3 -m venv /opt/vllm-sidecar \
     && /opt/vllm-sidecar/bin/pip install --no-cache-dir --require-hashes -r requirements/runtime.txt
 # Then the package alone (.dockerignore keeps the context to these files): --no-deps, so nothing
 # unlocked comes in, and `pip check` fails the build if the lock lacks what pyproject.toml asks.
