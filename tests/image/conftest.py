@@ -20,12 +20,16 @@ from ._pod import Pod, sidecar_env, start_sidecar
 def image(request: pytest.FixtureRequest) -> Image:
     built = build_image()
     size, base = image_size(built.id), image_size(built.base)
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:  # printed in `make test`'s output, not captured
-        reporter.write_line(
-            f"image {built.id.removeprefix('sha256:')[:12]}: {size / 1e6:.0f} MB"
-            f" ({base / 1e6:.0f} MB of it the local base), {built.seconds:.0f} s to build"
-        )
+    line = (
+        f"image {built.id.removeprefix('sha256:')[:12]}: {size / 1e6:.0f} MB"
+        f" ({base / 1e6:.0f} MB of it the local base), {built.seconds:.0f} s to build"
+    )
+    # Printed in `make test`'s output: past the capture, which holds file descriptor 1 here.
+    plugins = request.config.pluginmanager
+    reporter, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(line)
     return built
 
 
