@@ -1,17 +1,28 @@
 # syntax=docker/dockerfile:1
-# The sidecar alone (vLLM runs in its own container): a wheel built in one stage, installed into a
-# venv in a second, copied onto a clean slim base that runs it as a numeric non-root user.
+# The sidecar alone (vLLM runs in its own container): its locked dependencies and its wheel
+# installed into a venv in a build stage, the venv copied onto a clean slim base that runs it as
+# a numeric non-root user. tests/image/ builds and runs this file (docs/deploy.md).
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 WORKDIR /src
-# Only what the wheel needs (.dockerignore keeps the context to these files).
+# The dependencies first, from the locks (`make lock`), each file checked against its hash: a
+# layer that a change to the code alone does not rebuild. The build backend gets a venv of its
+# own that stays in this stage.
+COPY requirements/ ./requirements/
+RUN python3 -m venv /opt/build \
+    && /opt/build/bin/pip install --no-cache-dir --require-hashes -r requirements/build.txt \
+    && python3 -m venv /opt/vllm-sidecar \
+    && /opt/vllm-sidecar/bin/pip install --no-cache-dir --require-hashes -r requirements/runtime.txt
+# Then the package alone (.dockerignore keeps the context to these files): --no-deps, so nothing
+# unlocked comes in, and `pip check` fails the build if the lock lacks what pyproject.toml asks.
 COPY pyproject.toml README.md ./
 COPY proxy ./proxy
-RUN python -m venv /opt/vllm-sidecar \
-    && /opt/vllm-sidecar/bin/pip install --no-cache-dir /src
+RUN /opt/build/bin/pip wheel --no-cache-dir --no-build-isolation --no-deps --wheel-dir /wheels . \
+    && /opt/vllm-sidecar/bin/pip install --no-cache-dir --no-deps /wheels/*.whl \
+    && /opt/vllm-sidecar/bin/pip check
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="vllm-sidecar" \

@@ -9,7 +9,7 @@ TIMED := bash scripts/timed.sh
 PORT ?= 8080
 UPSTREAM ?= http://127.0.0.1:8000
 
-.PHONY: run demo test test-env lint unit faults-aiohttp differential mutate bench clean
+.PHONY: run demo test test-env lint unit faults-aiohttp differential mutate bench clean image lock
 
 ## Install the sidecar and run it in front of UPSTREAM (default http://127.0.0.1:8000).
 run: $(BIN)/vllm-sidecar
@@ -61,8 +61,20 @@ mutate:
 bench: $(BIN)/vllm-sidecar
 	python3 bench/run.py
 
+## The image from the shipped Dockerfile, built here as the tests build it: buildah on a local
+## Debian base, since no image registry is reachable (Docker users: `docker build .`,
+## docs/deploy.md). Prints its size and build time.
+image:
+	bash scripts/test-env.d/40-image.sh
+	bash scripts/image.sh build
+
+## Pin again what the image installs (requirements/, from pyproject.toml, hashed; scripts/lock.sh).
+## Pins that still fit are kept: LOCK_ARGS=--upgrade (or '--upgrade-package NAME') moves them.
+lock:
+	bash scripts/lock.sh $(LOCK_ARGS)
+
 clean:
-	rm -rf $(VENV) .venv-vllm .venv-deploy .venv-skyrl04 .cache .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm .venv-deploy .venv-skyrl04 .venv-lock .cache .pytest_cache .mypy_cache .ruff_cache
 
 ## A real vLLM on CPU serving a tiny local model, the sidecar in front, a few requests through it.
 demo: $(BIN)/vllm-sidecar

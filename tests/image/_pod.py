@@ -1,0 +1,56 @@
+"""The sidecar container as it is deployed: its environment (the Deployment's, or the image's
+own defaults as `docker run` leaves them) and the ports it answers on."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from tests.deploy._processes import http_get, manifest_env
+from tests.processes import ManagedProcess
+from tests.support import free_port
+
+from ._buildah import Container, Image
+
+
+def sidecar_env(upstream_port: int, *, pod: bool, **extra: str) -> dict[str, str]:
+    """The container's environment: the Deployment's (`pod`) or the image's own defaults, as
+    `docker run -e VLLM_SIDECAR_UPSTREAM_URL=...` leaves them; then free ports, since with
+    the host's network the image's 8080 and 8081 may be taken here, and loopback for both
+    listeners, since the host's interfaces are the container's."""
+    return {
+        **(manifest_env() if pod else {}),
+        "VLLM_SIDECAR_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}",
+        "VLLM_SIDECAR_HOST": "127.0.0.1",
+        "VLLM_SIDECAR_PORT": str(free_port()),
+        "VLLM_SIDECAR_ADMIN_PORT": str(free_port()),
+        "VLLM_SIDECAR_HEALTH_INTERVAL": "0.2",
+        **extra,
+    }
+
+
+def start_sidecar(image: Image, container: Container, env: dict[str, str]) -> ManagedProcess:
+    """The image's entrypoint, exactly as configured (buildah run does not apply it)."""
+    return container.start(image.config()["Entrypoint"], env)
+
+
+@dataclass
+class Pod:
+    """A running sidecar container and the environment it was started with."""
+
+    container: Container
+    sidecar: ManagedProcess
+    env: dict[str, str]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.env['VLLM_SIDECAR_PORT']}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.env['VLLM_SIDECAR_ADMIN_PORT']}"
+
+    def listening_workers(self) -> int:
+        """How many workers serve the proxy port, as /readyz says (0 while not ready)."""
+        status, body = http_get(f"{self.admin_url}/readyz")
+        return int(json.loads(body)["workers"]) if status == 200 else 0
