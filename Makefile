@@ -9,7 +9,7 @@ TIMED := bash scripts/timed.sh
 PORT ?= 8080
 UPSTREAM ?= http://127.0.0.1:8000
 
-.PHONY: run demo test test-env lint unit faults-aiohttp differential mutate bench clean image lock
+.PHONY: run demo test test-env lint unit faults-aiohttp flaky differential mutate bench clean image lock
 
 ## Install the sidecar and run it in front of UPSTREAM (default http://127.0.0.1:8000).
 run: $(BIN)/vllm-sidecar
@@ -39,9 +39,16 @@ test: test-env lint
 unit:
 	$(BIN)/pytest -m "not vllm"
 
-## The fault suite once more with aiohttp's client on the proxied path (--upstream-client aiohttp).
+## The tests whose outcome depends on the upstream client once more, on aiohttp's (--upstream-client
+## aiohttp; the `hop` marker: tests/conftest.py).
 faults-aiohttp: test-env
-	VLLM_SIDECAR_UPSTREAM_CLIENT=aiohttp $(BIN)/pytest tests/reliability tests/test_upstream_guards.py tests/test_forward.py tests/test_failures.py
+	VLLM_SIDECAR_UPSTREAM_CLIENT=aiohttp $(BIN)/pytest -m hop
+
+## The flake hunt: the real-vLLM tiers N times, then every test that failed at least once, with its
+## failure (scripts/flaky.py; about 15 minutes a round on two cores).
+N ?= 5
+flaky: test-env
+	python3 scripts/flaky.py --rounds $(N)
 
 ## The differential harness's long run (tests/differential/; the short seeded one is in the suite):
 ## answers and requests through the lean hop, aiohttp's client and nginx. EXAMPLES, SEED.

@@ -26,7 +26,7 @@ from targets import BENCH, ROOT, Env
 CLIENT = BENCH / "streams_client.py"
 # (seconds, warm-up) of an rl cell: streams start within the first second, and the first
 # events of each are not counted.
-RL_SECONDS, RL_QUICK = (12.0, 3.0), (4.0, 1.5)
+RL_SECONDS, RL_QUICK = (12.0, 3.0), (2.0, 0.5)
 HELD_SETTLE, HELD_QUICK_COUNT = 2.0, 200
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +14,67 @@ from prometheus_client import CollectorRegistry
 from proxy.client.admin import create_admin_app
 from proxy.config.settings import Settings
 from proxy.wiring.app import create_app
+from tests.e2e._servers import DevVllm, TinyModel, tiny_model_dir
 from tests.fake_vllm import FakeVLLM
-from tests.processes import SidecarProcess
+from tests.processes import SidecarProcess, running
 from tests.sidecar import MakeSidecar, Sidecar, StartSidecar
 
 # tests/skyrl04 needs skyrl 0.4, hence Python 3.12: `make test` runs it in .venv-skyrl04.
 collect_ignore = [] if sys.version_info >= (3, 12) else ["skyrl04"]
 
+# The modules whose outcome depends on the upstream client (--upstream-client: how a request is
+# written to vLLM and its answer read, pooled, resent, relayed): `make faults-aiohttp` runs them
+# again on aiohttp's client (`-m hop`). Not here: what the sidecar decides before or without the
+# hop (model resolution's properties, log lines, the loop's stalls on bodies and model lists).
+HOP_MODULES = frozenset(
+    (
+        "tests/reliability/test_chaos.py",
+        "tests/reliability/test_client_faults.py",
+        "tests/reliability/test_connection_bounds.py",
+        "tests/reliability/test_hostile.py",
+        "tests/reliability/test_hostile_upstream.py",
+        "tests/reliability/test_load.py",
+        "tests/reliability/test_memory.py",
+        "tests/reliability/test_resend.py",
+        "tests/reliability/test_silent_failures.py",
+        "tests/reliability/test_upstream_faults.py",
+        "tests/reliability/test_upstream_pool.py",
+        "tests/test_failures.py",
+        "tests/test_forward.py",
+        "tests/test_upstream_guards.py",
+    )
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(config.rootpath)
+    for item in items:
+        if item.path.relative_to(root).as_posix() in HOP_MODULES:
+            item.add_marker(pytest.mark.hop)
+
 
 @pytest.fixture
 def fake() -> FakeVLLM:
     return FakeVLLM()
+
+
+@pytest.fixture(scope="session")
+def _shared_dev_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevVllm]:
+    """One real vLLM for the whole run (a start costs 20-50 s on two cores): see `dev_engine`."""
+    server = DevVllm(TinyModel(tiny_model_dir()), tmp_path_factory.mktemp("vllm-dev"))
+    with running(server):
+        yield server
+
+
+@pytest.fixture(scope="module")
+def dev_engine(_shared_dev_vllm: DevVllm) -> Iterator[DevVllm]:
+    """The real vLLM shared by every module that needs one serving and does not stop it
+    (tests/e2e, tests/skyrl, tests/skyrl04; a module that kills or restarts vLLM starts its
+    own). A module may pause it, sleep it, update its weights: it is serving again for the
+    next (`serve_again`), and a test reads the weight version it starts from, never assumes it."""
+    _shared_dev_vllm.check_alive()
+    yield _shared_dev_vllm
+    _shared_dev_vllm.serve_again()
 
 
 @pytest.fixture

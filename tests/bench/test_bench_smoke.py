@@ -23,9 +23,12 @@ Bench = tuple[subprocess.CompletedProcess[str], Path]
 def bench(tmp_path_factory: pytest.TempPathFactory) -> Bench:
     out = tmp_path_factory.mktemp("bench")
     # Peers (vllm-router, LiteLLM) run only where their venvs already exist: --quick installs none.
+    # The targets every code path of the runner needs (no proxy, a peer process, the baseline,
+    # the sidecar, the scaling table), each cell half a second: a smoke, not a measurement.
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--big-mb", "1",
-         "--scale", "1,2", "--out", str(out)],
+         "--targets", ",".join(REQUIRED), "--seconds", "0.5", "--scale", "1,2",
+         "--out", str(out)],
         capture_output=True, text=True, timeout=600, check=False, cwd=ROOT,
     )  # fmt: skip
     return proc, out

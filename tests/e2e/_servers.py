@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.processes import ROOT, ManagedProcess, SidecarProcess
 from tests.support import free_port
 
-__all__ = ["VLLM_VENV", "SidecarProcess", "TinyModel", "VllmServer"]
+__all__ = ["VLLM_VENV", "DevVllm", "SidecarProcess", "TinyModel", "VllmServer", "tiny_model_dir"]
 
 VLLM_VENV = Path(os.environ.get("VLLM_VENV", ROOT / ".venv-vllm"))
 
@@ -112,3 +114,54 @@ class VllmServer(ManagedProcess):
         if served_model_name is not None:
             self.served_model_name = served_model_name
         self.start()
+
+
+class DevVllm(VllmServer):
+    """The vLLM most real-vLLM tests share (tests/conftest.py's `dev_engine`): dev routes
+    (`VLLM_SERVER_DEV_MODE=1`: pause, sleep, is_sleeping, get_world_size), `--enable-scale-out`
+    (without it vLLM 0.32 answers SkyRL 0.4's /inference/v1/generate with 403), a weight-transfer
+    backend (start/finish_weight_update run on CPU with nccl named), a long context (a
+    generation that cannot end on its own before a test cuts it), and one compute thread,
+    unbound: bound, vLLM's worker holds both cores of a two-core VM while it generates, and
+    nothing else runs meanwhile, not its own API server (which then relays tokens seconds
+    late), not the sidecar, not the test; unbound with a thread per core, two vLLMs (the
+    training loop's) and everything else fight for the cores, and generation crawled at 4-30
+    tokens a second where one thread makes 200-400. Sleep works on CPU without
+    `--enable-sleep-mode`, which the CPU platform refuses."""
+
+    CONTEXT = 32768
+
+    def __init__(self, model: TinyModel, run_dir: Path) -> None:
+        super().__init__(
+            model.path,
+            run_dir,
+            served_model_name=model.name,
+            max_model_len=self.CONTEXT,
+            extra_args=("--enable-scale-out", "--weight-transfer-config", '{"backend": "nccl"}'),
+            extra_env={
+                "VLLM_SERVER_DEV_MODE": "1",
+                "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                "OMP_NUM_THREADS": "1",
+            },
+        )
+        self.hf_path = model.hf_path
+
+    def serve_again(self) -> None:
+        """Resume and wake vLLM on its own port, whatever a test left it in (both are no-ops on
+        a serving engine), so that the next module meets it serving."""
+        for path in ("/resume", "/wake_up"):
+            request = urllib.request.Request(f"{self.url}{path}", method="POST")
+            with urllib.request.urlopen(request, timeout=120) as resp:
+                assert resp.status == 200, path
+
+
+def tiny_model_dir() -> Path:
+    """The tiny local model's directory, built by scripts/tiny_model.py if it is not yet."""
+    done = subprocess.run(
+        [str(VLLM_VENV / "bin/python"), str(ROOT / "scripts/tiny_model.py")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    return Path(done.stdout.strip().splitlines()[-1])

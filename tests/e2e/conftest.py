@@ -1,9 +1,9 @@
 """Fixtures for the end-to-end tests: a tiny local model, a real vLLM serving it, the sidecar.
 
 The expensive parts are started once: building the model (cached on disk between runs) and one
-`vllm serve` (20-50 s on two cores), stopped when the last test here is done. Tests that kill or
-restart vLLM get their own server in `test_e2e_lifecycle.py`. Everything a test run starts is
-stopped by its fixture's finalizer, also on failure or Ctrl-C.
+`vllm serve` (20-50 s on two cores) for the whole run (tests/conftest.py's `dev_engine`). Tests
+that kill or restart vLLM get their own server in `test_e2e_lifecycle.py`. Everything a test run
+starts is stopped by its fixture's finalizer, also on failure or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from tests.processes import ROOT, running
 
-from ._servers import VLLM_VENV, SidecarProcess, TinyModel, VllmServer
+from ._servers import VLLM_VENV, DevVllm, SidecarProcess, TinyModel, VllmServer
 
 
 @pytest.fixture(scope="session")
@@ -45,17 +45,11 @@ def tiny_model(vllm_python: Path) -> TinyModel:
 
 
 @pytest.fixture(scope="package")
-def vllm_server(
-    tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[VllmServer]:
-    """One real vLLM for this package's tests, serving the model under its basename."""
-    server = VllmServer(
-        tiny_model.path,
-        tmp_path_factory.mktemp("vllm-shared"),
-        served_model_name=tiny_model.name,
-    )
-    with running(server):
-        yield server
+def vllm_server(_shared_dev_vllm: DevVllm) -> Iterator[VllmServer]:
+    """The run's shared real vLLM (tests/conftest.py), serving the model under its basename."""
+    _shared_dev_vllm.check_alive()
+    yield _shared_dev_vllm
+    _shared_dev_vllm.serve_again()
 
 
 @pytest.fixture(scope="package")

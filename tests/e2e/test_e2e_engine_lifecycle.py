@@ -1,9 +1,10 @@
 """The engine lifecycle against a real vLLM on CPU in dev mode: holds, deadlines, aborts, the
 weight version and the control token, as a trainer drives them through the sidecar.
 
-One vLLM for the module (dev mode, a weight-transfer backend so that start/finish_weight_update
-run on CPU) and two sidecars in front of it: `guarded` holds up to a minute and wants a control
-token; `strict` holds one second, so that its deadline is reached. Each test leaves the engine
+The run's shared vLLM (dev mode, a weight-transfer backend so that start/finish_weight_update
+run on CPU: tests/conftest.py's `dev_engine`) and two sidecars in front of it: `guarded` holds
+up to a minute and wants a control token; `strict` holds one second, so that its deadline is
+reached. Each test leaves the engine
 serving again, whatever happened.
 """
 
@@ -20,28 +21,19 @@ import pytest
 from tests.processes import running
 from tests.support import eventually
 
-from ._servers import SidecarProcess, TinyModel, VllmServer
+from ._servers import DevVllm, SidecarProcess, TinyModel, VllmServer
 from ._support import DONE, metric, sse_data
 
 pytestmark = pytest.mark.vllm
 
 TOKEN = "e2e-control-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-LONG_CONTEXT = 32768
+LONG_CONTEXT = DevVllm.CONTEXT
 
 
 @pytest.fixture(scope="module")
-def vllm(tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    server = VllmServer(
-        tiny_model.path,
-        tmp_path_factory.mktemp("vllm-dev"),
-        served_model_name=tiny_model.name,
-        max_model_len=LONG_CONTEXT,
-        extra_args=("--weight-transfer-config", '{"backend": "nccl"}'),
-        extra_env={"VLLM_SERVER_DEV_MODE": "1"},
-    )
-    with running(server):
-        yield server
+def vllm(dev_engine: DevVllm) -> DevVllm:
+    return dev_engine
 
 
 def _sidecar(vllm: VllmServer, run_dir: Any, *args: str) -> SidecarProcess:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,17 +10,16 @@ from skyrl.backends.skyrl_train.inference_engines.remote_inference_engine import
 )
 
 from proxy.skyrl import SidecarInferenceEngine
+from tests.e2e._servers import DevVllm
 from tests.sidecar import MakeSidecar
 from tests.skyrl.conftest import hostport
-from tests.skyrl.dev_vllm import DevVllm, dev_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skyrl]
 
 
 @pytest.fixture(scope="module")
-def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevVllm]:
-    with dev_vllm(tmp_path_factory.mktemp("vllm02")) as server:
-        yield server
+def vllm(dev_engine: DevVllm) -> DevVllm:
+    return dev_engine
 
 
 def engine(url: str, cls: type[Any], tokenizer: Any) -> Any:

@@ -10,45 +10,32 @@ The companion (`SidecarInferenceClient`) also shows which weights made which tok
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 import pytest
 
-from tests.e2e._servers import TinyModel, VllmServer
+from tests.e2e._servers import DevVllm
 from tests.e2e._support import metric
-from tests.processes import running
 from tests.sidecar import MakeSidecar, Sidecar
-from tests.skyrl.dev_vllm import tiny_model_dir
 from tests.skyrl04.conftest import companion, stock, url
 from tests.support import eventually
 
 pytestmark = pytest.mark.vllm
 
 GENERATE = "/inference/v1/generate"
-MAX_TOKENS = 2000  # seconds on a CPU: still running when the cut lands at its first tokens
+# Ten seconds of generation and more (DevVllm): still running when the cut lands at its first
+# tokens, though any process here can wait seconds for a core while vLLM spins on both.
+MAX_TOKENS = 4000
 
 
 @pytest.fixture(scope="module")
-def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    model = TinyModel(tiny_model_dir())
-    server = VllmServer(
-        model.path,
-        tmp_path_factory.mktemp("vllm-continue"),
-        served_model_name=model.name,
-        max_model_len=8192,
-        extra_args=("--enable-scale-out", "--weight-transfer-config", '{"backend": "nccl"}'),
-        # Unbound: else nothing else on a two-core VM runs while it generates (e2e's module).
-        extra_env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
-    )
-    server.hf_path = model.hf_path  # type: ignore[attr-defined]
-    with running(server):
-        yield server
+def vllm(dev_engine: DevVllm) -> DevVllm:
+    return dev_engine
 
 
 @pytest.fixture
-async def front(vllm: VllmServer, make_sidecar: MakeSidecar) -> Sidecar:
+async def front(vllm: DevVllm, make_sidecar: MakeSidecar) -> Sidecar:
     return await make_sidecar(vllm.url, continue_aborted=True, health_interval=0.5)
 
 
@@ -59,13 +46,13 @@ def batch(tag: int) -> dict[str, Any]:
     }
 
 
-async def tokens(vllm: VllmServer) -> float:
+async def tokens(vllm: DevVllm) -> float:
     """How many tokens vLLM generated so far, by its own /metrics."""
     async with aiohttp.ClientSession() as http:
         return await metric(http, f"{vllm.url}/metrics", "vllm:generation_tokens_total")
 
 
-async def generating(vllm: VllmServer, before: float) -> None:
+async def generating(vllm: DevVllm, before: float) -> None:
     """Until vLLM itself generates the request's tokens, so that the cut that follows lands
     inside the generation on any machine. A fixed second after the sidecar sent it did not: on
     one CI run the stock client got all its tokens with no cut at all."""
@@ -78,9 +65,9 @@ async def generating(vllm: VllmServer, before: float) -> None:
 
 @pytest.mark.parametrize("phase", ["pause", "sleep"])
 async def test_the_stock_client_gets_every_token_across_an_abort(
-    vllm: VllmServer, front: Sidecar, phase: str
+    vllm: DevVllm, front: Sidecar, phase: str
 ) -> None:
-    client = stock(url(front), model=vllm.hf_path)  # type: ignore[attr-defined]
+    client = stock(url(front), model=vllm.hf_path)
     try:
         before = await tokens(vllm)
         asked = asyncio.create_task(client.generate(batch(1)))
@@ -101,9 +88,9 @@ async def test_the_stock_client_gets_every_token_across_an_abort(
 
 
 async def test_the_companion_says_which_weights_made_which_tokens(
-    vllm: VllmServer, front: Sidecar
+    vllm: DevVllm, front: Sidecar
 ) -> None:
-    client = companion(url(front), model=vllm.hf_path)  # type: ignore[attr-defined]
+    client = companion(url(front), model=vllm.hf_path)
     try:
         before = await tokens(vllm)
         asked = asyncio.create_task(client.generate(batch(2)))

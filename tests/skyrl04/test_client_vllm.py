@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from proxy.skyrl import SidecarError, SidecarInferenceClient
+from tests.e2e._servers import DevVllm
 from tests.sidecar import MakeSidecar, Sidecar
-from tests.skyrl.dev_vllm import DevVllm, dev_vllm
 from tests.skyrl04.conftest import companion, stock, url
 
 pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
-def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevVllm]:
-    with dev_vllm(tmp_path_factory.mktemp("vllm04")) as server:
-        yield server
+def vllm(dev_engine: DevVllm) -> DevVllm:
+    return dev_engine
 
 
 @pytest.fixture
