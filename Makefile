@@ -31,9 +31,9 @@ lint: test-env
 
 ## The full suite, as CI runs it: the 3.11 suite, then the skyrl 0.4 tests on 3.12.
 test: test-env lint
-	$(BIN)/pytest
-	$(MAKE) faults-aiohttp
-	$(SKYRL04_BIN)/pytest tests/skyrl04
+	$(TIMED) suite $(BIN)/pytest --durations=15
+	$(TIMED) faults-aiohttp $(MAKE) --no-print-directory faults-aiohttp
+	$(TIMED) skyrl04 $(SKYRL04_BIN)/pytest --durations=10 tests/skyrl04
 
 ## Fast loop for development: no real vLLM.
 unit:
@@ -42,7 +42,7 @@ unit:
 ## The tests whose outcome depends on the upstream client once more, on aiohttp's (--upstream-client
 ## aiohttp; the `hop` marker: tests/conftest.py).
 faults-aiohttp: test-env
-	VLLM_SIDECAR_UPSTREAM_CLIENT=aiohttp $(BIN)/pytest -m hop
+	VLLM_SIDECAR_UPSTREAM_CLIENT=aiohttp $(BIN)/pytest -m hop --durations=10
 
 ## The flake hunt: the real-vLLM tiers N times, then every test that failed at least once, with its
 ## failure (scripts/flaky.py; about 15 minutes a round on two cores).
