@@ -18,18 +18,15 @@ from proxy.core.continuation import PART_PATH, Plan
 from proxy.core.errors import UpstreamInvalidResponse, UpstreamTimeout
 from proxy.core.routes import rule
 from proxy.core.sse import is_event_stream
-from proxy.engine.gate import control_token_used, named_version, upstream_started
 from proxy.observe.metrics import METRICS
-from proxy.observe.record import RequestRecord
 from proxy.upstream.discovery import DISCOVERY
 from proxy.upstream.hop import HOP
 from proxy.upstream.session import UPSTREAM, UPSTREAM_ERRORS, read_capped, target
 
-from . import continuation
+from . import continuing as continuation
 from .budget import BUDGET
-from .continuation import Relay
-from .drain import IN_FLIGHT
 from .failures import error_reply
+from .flow import Flow, Relay
 from .inbound import StreamedBody
 from .options import OPTIONS
 from .peek import paused_rejection
@@ -51,45 +48,39 @@ def origin_form(request: web.Request) -> str:
     return raw if raw.startswith("/") else request.rel_url.raw_path_qs
 
 
-async def call_upstream(
-    request: web.Request, rec: RequestRecord, body: bytes | StreamedBody
-) -> web.StreamResponse:
-    headers = _upstream_headers(request, rec)
-    if isinstance(body, bytes) and (named := named_version(request, body)) is not None:
+async def call_upstream(flow: Flow, body: bytes | StreamedBody) -> web.StreamResponse:
+    request, rec = flow.request, flow.rec
+    headers = _upstream_headers(flow)
+    if isinstance(body, bytes) and (named := flow.engine.named(body)) is not None:
         body = named
         headers["Content-Type"] = "application/json"
     if rule(rec.route).own_health and request.method in ("GET", "HEAD"):
-        return await _health(request, rec, headers)
+        return await _health(flow, headers)
     if (plan := continuation.wanted(request, rec, body)) is not None:
-        return await _continuing(request, rec, plan, headers)
-    return await _exchange(request, rec, body, headers)
+        return await _continuing(flow, plan, headers)
+    return await _exchange(flow, body, headers)
 
 
-async def _continuing(
-    request: web.Request, rec: RequestRecord, plan: Plan, headers: CIMultiDict[str]
-) -> web.StreamResponse:
+async def _continuing(flow: Flow, plan: Plan, headers: CIMultiDict[str]) -> web.StreamResponse:
     """A continuable request (client/continuation.py): its parts go through the same exchange,
     each with a request id of its own (vLLM refuses a duplicate while parts run at once)."""
 
     async def send(body: bytes, part: str, relay: Relay) -> web.StreamResponse:
         own = CIMultiDict(headers)
-        own[hdrs.REQUEST_ID] = f"{rec.request_id}-{part}"
-        return await _exchange(request, rec, body, own, relay, PART_PATH.get(plan.kind))
+        own[hdrs.REQUEST_ID] = f"{flow.rec.request_id}-{part}"
+        return await _exchange(flow, body, own, relay, PART_PATH.get(plan.kind))
 
-    continuing = continuation.Continuing(request, rec, plan, send)
+    continuing = continuation.Continuing(flow, plan, send)
 
-    async def first(
-        request: web.Request, rec: RequestRecord, resp: aiohttp.ClientResponse, head: bytes
-    ) -> web.StreamResponse:
-        answer = await continuing.relay(request, rec, resp, head)
-        return answer if answer is not None else await _relay(request, rec, resp, head)
+    async def first(flow: Flow, resp: aiohttp.ClientResponse, head: bytes) -> web.StreamResponse:
+        answer = await continuing.relay(resp, head)
+        return answer if answer is not None else await _relay(flow, resp, head)
 
-    return await _exchange(request, rec, continuing.first_body(), headers, first)
+    return await _exchange(flow, continuing.first_body(), headers, first)
 
 
 async def _exchange(
-    request: web.Request,
-    rec: RequestRecord,
+    flow: Flow,
     body: bytes | StreamedBody,
     headers: CIMultiDict[str],
     relay: Relay | None = None,
@@ -97,17 +88,16 @@ async def _exchange(
 ) -> web.StreamResponse:
     """Send and relay (`relay`, or `_relay`), sending again where the request did not run
     (resend.py); `path`: where to, when not the request's own."""
-    resends = Resends(request, rec, replayable=isinstance(body, bytes) or body.rest is None)
+    resends = Resends(flow, replayable=isinstance(body, bytes) or body.rest is None)
     while True:
         try:
-            return await _send(request, rec, body, headers, resends.allowed(), relay, path)
+            return await _send(flow, body, headers, resends.allowed(), relay, path)
         except RESENT as exc:
             await resends.after(exc)
 
 
 async def _send(
-    request: web.Request,
-    rec: RequestRecord,
+    flow: Flow,
     body: bytes | StreamedBody,
     headers: CIMultiDict[str],
     allowed: Allowed = ONCE,
@@ -116,6 +106,7 @@ async def _send(
 ) -> web.StreamResponse:
     """One upstream call and its relayed answer; what `allowed` lets go again is raised as
     `Rejected`, `Unconnected` or `ClosedIdle` (resend.py)."""
+    request, rec = flow.request, flow.rec
     app = request.app
     sent = time.perf_counter()
     answered = False
@@ -131,18 +122,18 @@ async def _send(
             # The lean hop's Answer has the surface of a ClientResponse that the relay reads.
             resp = cast(aiohttp.ClientResponse, answer)
             app[METRICS].ttfb.labels(rec.route).observe(time.perf_counter() - sent)
-            upstream_started(request, resp)  # engine lifecycle: a stream a phase may stall
+            flow.engine.started(resp)  # engine lifecycle: a stream a phase may stall
             first = b""
             if allowed.again:
                 first, rejected = await paused_rejection(resp)
                 if rejected:
                     raise Rejected
             try:
-                return await (relay or _relay)(request, rec, resp, first)
+                return await (relay or _relay)(flow, resp, first)
             finally:
                 rec.upstream_time = time.perf_counter() - sent
     except UPSTREAM_ERRORS as exc:
-        if request.transport is None or request.transport.is_closing():
+        if flow.client_gone:
             # The client's side broke (its upload of a streamed body, say): the upstream is
             # not to blame, and nobody is left to answer.
             rec.client_left(app[METRICS])
@@ -158,34 +149,33 @@ async def _send(
 HEALTH_PROMPT = 2.0
 
 
-async def _health(
-    request: web.Request, rec: RequestRecord, headers: CIMultiDict[str]
-) -> web.StreamResponse:
+async def _health(flow: Flow, headers: CIMultiDict[str]) -> web.StreamResponse:
     """vLLM's /health, relayed; when it is slow to answer (its API server is busy taking in
     weights) and the sidecar's own last check found it healthy, the sidecar answers 200 for it
     (`X-Sidecar-Health: cached`) rather than let a router eject a busy engine."""
     try:
         async with asyncio.timeout(HEALTH_PROMPT):
-            return await _send(request, rec, b"", headers)
+            return await _send(flow, b"", headers)
     except TimeoutError:
-        if not request.app[DISCOVERY].healthy:
+        if not flow.discovery.healthy:
             raise UpstreamTimeout(
-                f"vLLM did not answer {rec.method} /health within {HEALTH_PROMPT:g}s, and its"
+                f"vLLM did not answer {flow.rec.method} /health within {HEALTH_PROMPT:g}s, and its"
                 " last health check failed."
             ) from None
         return web.Response(headers={"X-Sidecar-Health": "cached"})
 
 
-def _upstream_headers(request: web.Request, rec: RequestRecord) -> CIMultiDict[str]:
+def _upstream_headers(flow: Flow) -> CIMultiDict[str]:
+    request = flow.request
     peer = request.transport.get_extra_info("peername") if request.transport else None
     headers = hdrs.upstream_request_headers(
         request.headers,
-        rid=rec.request_id,
+        rid=flow.rec.request_id,
         client_ip=peer[0] if isinstance(peer, tuple) else None,
         scheme=request.scheme,
         host=request.host,
     )
-    if control_token_used(request):
+    if flow.engine.token_used:
         # The sidecar's own token is not vLLM's API key: vLLM gets what it needs, or nothing.
         key = request.app[OPTIONS].upstream_api_key
         if key:
@@ -203,10 +193,10 @@ def _payload(request: web.Request, body: bytes | StreamedBody, headers: CIMultiD
 
 
 async def _relay(
-    request: web.Request, rec: RequestRecord, resp: aiohttp.ClientResponse, first: bytes = b""
+    flow: Flow, resp: aiohttp.ClientResponse, first: bytes = b""
 ) -> web.StreamResponse:
     """The upstream's answer, relayed the way its kind needs."""
-    app = request.app
+    app, rec = flow.app, flow.rec
     metrics, discovery = app[METRICS], app[DISCOVERY]
     if resp.status == 101:  # the sidecar drops Upgrade (hop-by-hop): nobody asked to switch
         raise UpstreamInvalidResponse(
@@ -231,4 +221,4 @@ async def _relay(
         return await buffered_reply(rec, resp, first or None)
     if unframed_json(resp) or chunked_json_read(resp):
         return await checked_json_reply(rec, resp)
-    return await stream_reply(request, rec, resp, metrics, discovery, app[IN_FLIGHT], first)
+    return await stream_reply(flow, resp, first)

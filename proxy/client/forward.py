@@ -9,7 +9,7 @@ from aiohttp.http import HttpVersion11
 
 from proxy.core import headers as hdrs
 from proxy.core.errors import InvalidRequest, ShuttingDown, SidecarFailure
-from proxy.engine.gate import admissible, admission
+from proxy.engine.gate import admissible, admit
 from proxy.observe.metrics import METRICS
 from proxy.observe.record import CLIENT_CLOSED, RequestRecord
 from proxy.upstream.discovery import DISCOVERY
@@ -19,6 +19,7 @@ from .connections import CONNECTIONS
 from .drain import IN_FLIGHT
 from .exchange import call_upstream, origin_form
 from .failures import failure_response, unexpected
+from .flow import Flow
 from .inbound import read_request
 from .options import OPTIONS
 
@@ -76,7 +77,7 @@ async def _respond(request: web.Request, rec: RequestRecord) -> web.StreamRespon
             raise ShuttingDown(_REFUSED)
         _check_target(request)
         options = app[OPTIONS]
-        lifecycle = admission(request, rec)  # engine lifecycle: the token, a hold deadline
+        flow = Flow(request, rec, admit(request, rec))  # the engine: the token, a deadline
         body = await read_request(
             request,
             rec,
@@ -85,8 +86,8 @@ async def _respond(request: web.Request, rec: RequestRecord) -> web.StreamRespon
             options.max_body_bytes,
             bounded_pool=options.max_connections > 0,
         )
-        async with lifecycle:  # a data request's hold; the phase a control call enters
-            return await call_upstream(request, rec, body)
+        async with flow.engine.hold():  # a data request's hold; the phase a control call enters
+            return await call_upstream(flow, body)
     except SidecarFailure as failure:
         return failure_response(rec, failure, metrics, discovery.table)
     except Exception as exc:

@@ -13,14 +13,14 @@ from proxy.core.errors import ShuttingDown, SidecarFailure, UpstreamInvalidRespo
 from proxy.core.headers import drop, response_headers
 from proxy.core.routes import rule
 from proxy.core.sse import ErrorWatcher, EventFramer, is_event_stream
-from proxy.engine.gate import stream_aborted, version_change
 from proxy.observe.metrics import Metrics
 from proxy.observe.record import RequestRecord
 from proxy.upstream.discovery import Discovery
 from proxy.upstream.session import UPSTREAM_ERRORS, classify, read_capped
 
-from .drain import InFlight
+from .drain import IN_FLIGHT
 from .failures import model_info, sse_error
+from .flow import Flow
 
 # Non-streamed bodies up to this size are read whole before answering, so that an upstream that
 # drops mid-body still gets the client a proper 502 envelope instead of a cut body.
@@ -99,16 +99,11 @@ async def checked_json_reply(rec: RequestRecord, resp: aiohttp.ClientResponse) -
 
 
 async def stream_reply(
-    request: web.Request,
-    rec: RequestRecord,
-    resp: aiohttp.ClientResponse,
-    metrics: Metrics,
-    discovery: Discovery,
-    in_flight: InFlight,
-    first: bytes = b"",
+    flow: Flow, resp: aiohttp.ClientResponse, first: bytes = b""
 ) -> web.StreamResponse:
     """Relay as bytes arrive (`first`: what was read of them already); a failure after the
     headers becomes an SSE error event."""
+    rec, metrics, request = flow.rec, flow.metrics, flow.request
     sse = is_event_stream(resp.headers.get("Content-Type"))
     headers = response_headers(resp.headers, rid=rec.request_id)
     if sse:
@@ -121,12 +116,12 @@ async def stream_reply(
     try:
         failure = await stream.pump(resp, first)
     except asyncio.CancelledError:
-        if sse and in_flight.draining:
-            await stream.end_with(ShuttingDown(_GRACE_OVER), _info(rec, discovery))
+        if sse and request.app[IN_FLIGHT].draining:
+            await stream.end_with(ShuttingDown(_GRACE_OVER), _info(rec, flow.discovery))
         raise
     finally:
         if stream.aborted:
-            stream_aborted(request)  # engine lifecycle: counted however the stream ends
+            flow.engine.aborted()  # engine lifecycle: counted however the stream ends
     if failure is not None:
         rec.fail_with(metrics, failure)
         if not sse:
@@ -134,10 +129,10 @@ async def stream_reply(
             if request.transport is not None:
                 request.transport.close()
             return out
-        await stream.end_with(failure, _info(rec, discovery))
+        await stream.end_with(failure, _info(rec, flow.discovery))
     if stream.client_gone:
         return out
-    if sse and (tail := version_change(request)):
+    if sse and (tail := flow.engine.tail()):
         await stream.write(tail)  # engine lifecycle: the weight version changed mid-stream
     await stream.finish()
     return out

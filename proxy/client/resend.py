@@ -12,12 +12,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from proxy.core.errors import SidecarFailure, UpstreamDisconnected, UpstreamUnreachable
-from proxy.engine.gate import held_again, resendable
-from proxy.observe.record import RequestRecord
 from proxy.upstream.session import classify, closed_while_idle, never_connected
+
+from .flow import Flow
 
 log = logging.getLogger("proxy.client.exchange")  # its name before the cut: kept for filters
 
@@ -75,11 +73,12 @@ class Resends:
                 await resends.after(exc)
     """
 
-    __slots__ = ("again", "attempt", "connects", "rec", "replayable", "request", "stale")
+    __slots__ = ("again", "attempt", "connects", "flow", "rehold", "replayable", "stale")
 
-    def __init__(self, request: web.Request, rec: RequestRecord, *, replayable: bool) -> None:
-        self.request, self.rec, self.replayable = request, rec, replayable
-        self.again = resendable(request) and replayable
+    def __init__(self, flow: Flow, *, replayable: bool) -> None:
+        self.flow, self.replayable = flow, replayable
+        self.rehold = flow.engine.rehold
+        self.again = self.rehold is not None and replayable
         self.attempt = self.connects = self.stale = 0
 
     def allowed(self) -> Allowed:
@@ -88,9 +87,9 @@ class Resends:
 
     async def after(self, exc: Exception) -> None:
         """Ready to send again after `exc`, or raise what the client is told."""
-        rec = self.rec
-        if isinstance(exc, Rejected):
-            await held_again(self.request, rec, self.attempt)
+        rec = self.flow.rec
+        if isinstance(exc, Rejected) and self.rehold is not None:
+            await self.rehold(self.attempt)
             self.attempt += 1
         elif isinstance(exc, Unconnected):
             self.connects += 1

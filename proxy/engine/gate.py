@@ -1,19 +1,21 @@
-"""Where a request meets the engine lifecycle: its plane, its hold, its weight-version stamp."""
+"""Where a request meets the engine lifecycle: one handle a request carries from its head to its
+last byte (its plane, its hold, what it did to the engine, its weight-version stamp)."""
 
 from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 
 from proxy.core.control import plane
 from proxy.core.errors import InvalidRequest, PhaseRefusal, Unauthorized
 from proxy.core.phase import SERVING, next_version
-from proxy.core.routes import CONTROL, DATA, SYNC_END, normalized, rule
+from proxy.core.routes import CONTROL, SYNC_END, normalized, rule
 from proxy.core.sse import is_event_stream
 from proxy.observe.record import RequestRecord
 
@@ -26,52 +28,67 @@ _ABORT = b'"finish_reason":"abort"'  # vLLM's compact JSON, in bodies and SSE ev
 # A client's own deadline for waiting out a phase, in seconds (0: refuse at once).
 HOLD_TIMEOUT = "X-Sidecar-Hold-Timeout"
 
+_UNTOUCHED = contextlib.nullcontext()
 
-@dataclass(slots=True, eq=False)
-class Admission:
-    """One request's dealings with the lifecycle, read again when its answer goes out."""
 
-    plane: str
-    route: str  # the record's route label, for the counts made when the answer goes out
-    version: str | None = None
-    retry_after: int | None = None
-    unauthorized: bool = False
-    named: str | None = None  # the version the sidecar gave a finished update that named none
-    until: float | None = None  # the client's own hold deadline (monotonic), if it set one
+class EngineHandle:
+    """A request the lifecycle has no say in (reads, health, tokenize): every step a no-op.
+    `Control` and `Data` are the two kinds it has a say in; callers never ask which."""
+
+    __slots__ = ()
+
+    # Plain attributes, read on every request's path (a property is a call each time).
+    version: str | None = None  # the weight version it started with (data)
+    # What holds the request again after vLLM (0.33) rejected it as paused, before it is sent
+    # again; None: such a request is not sent again (only a data request is).
+    rehold: Callable[[int], Awaitable[None]] | None = None
+    token_used = False  # its Authorization was the sidecar's control token, not vLLM's key
+
+    def hold(self) -> AbstractAsyncContextManager[None]:
+        """Around the upstream call: a data request's hold, the phase a control call enters."""
+        return _UNTOUCHED
 
     def left(self) -> float | None:
-        """Seconds left of the client's hold deadline; None when it set none."""
-        return None if self.until is None else max(self.until - time.monotonic(), 0.0)
+        """Seconds left of a hold deadline the client asked for; None: it asked for none."""
+        return None
+
+    def named(self, body: bytes) -> bytes | None:
+        """The body to send instead, when the sidecar names what the caller left unnamed."""
+        return None
+
+    def started(self, resp: Any) -> None:
+        """vLLM answered (headers in)."""
+
+    def stamp(self, response: web.StreamResponse) -> None:
+        """At the response's prepare: the headers a phase or the weight version adds."""
+
+    def aborted(self) -> None:
+        """vLLM ended the stream with `finish_reason: "abort"`."""
+
+    def tail(self) -> bytes:
+        """What to append to an SSE stream that ended as vLLM sent it."""
+        return b""
 
 
-ADMISSION = web.RequestKey("admission", Admission)
+NOTHING = EngineHandle()
+ENGINE = web.RequestKey("engine", EngineHandle)
 
 
-_UNTOUCHED = contextlib.nullcontext()  # reads, health, tokenize: the lifecycle has no say
-
-
-def admission(
-    request: web.Request, rec: RequestRecord
-) -> contextlib.AbstractAsyncContextManager[None]:
-    """What the lifecycle does around a request's upstream call, judged before its body is
-    read: a control-plane call's token is checked now, and the phase it enters is entered only
-    once its body is complete and it goes upstream; a data-plane request is held while the
-    engine does not serve (after its body was read: a bad body gets its 400 at once)."""
+def admit(request: web.Request, rec: RequestRecord) -> EngineHandle:
+    """The request's handle, judged at its head: a control-plane call's token is checked now
+    (its phase is entered only once its body is complete and it goes upstream); a data-plane
+    request is held, later, while the engine does not serve (a bad body gets its 400 first)."""
     kind = plane(request.method, request.path)
     if kind is None:
-        return _UNTOUCHED
+        return NOTHING
     lifecycle = request.app[LIFECYCLE]
-    admission = request[ADMISSION] = Admission(kind, rec.route, lifecycle.version)
+    handle: EngineHandle
     if kind == CONTROL:
-        try:
-            lifecycle.authorize(request.headers.get("Authorization"))
-        except Unauthorized:
-            admission.unauthorized = True
-            raise
-        return lifecycle.control_call(normalized(request.path), rec, request.query_string)
-    if (seconds := _asked_deadline(request)) is not None:
-        admission.until = time.monotonic() + seconds
-    return _DataHold(rec, lifecycle, admission)
+        handle = request[ENGINE] = Control(lifecycle, rec, request)
+        handle.authorize(request.headers.get("Authorization"))
+    else:
+        handle = request[ENGINE] = Data(lifecycle, rec, _asked_deadline(request))
+    return handle
 
 
 def admissible(request: web.Request) -> bool:
@@ -86,7 +103,13 @@ def admissible(request: web.Request) -> bool:
     return True
 
 
+def stamp(request: web.Request, response: web.StreamResponse) -> None:
+    """The response-prepare hook: the request's handle stamps its answer."""
+    request.get(ENGINE, NOTHING).stamp(response)
+
+
 def _asked_deadline(request: web.Request) -> float | None:
+    """The client's own hold deadline (monotonic), if it set one."""
     value = request.headers.get(HOLD_TIMEOUT)
     if value is None:
         return None
@@ -98,140 +121,119 @@ def _asked_deadline(request: web.Request) -> float | None:
         raise InvalidRequest(
             f"{HOLD_TIMEOUT} must be a number of seconds, 0 or more; got `{value[:50]}`."
         )
-    return seconds
+    return time.monotonic() + seconds
 
 
-def named_version(request: web.Request, body: bytes) -> bytes | None:
-    """A /finish_weight_update that names no `weight_version` (SkyRL 0.4 names none): the
-    body that names the next one (`default` -> `default+1` -> `default+2`), so that vLLM's own
-    version, its per-token spans and every answer's X-Weight-Version tell the updates apart.
-    None when the body is left as it is: it names one, or is not a JSON object."""
-    admission = request.get(ADMISSION)
-    if admission is None or rule(request.path).step != SYNC_END:
-        return None
-    current = request.app[LIFECYCLE].version
-    try:
-        payload = orjson.loads(body) if body.strip() else {}
-    except orjson.JSONDecodeError:
-        return None
-    if current is None or not isinstance(payload, dict) or payload.get("weight_version"):
-        return None
-    admission.named = payload["weight_version"] = next_version(current)
-    return orjson.dumps(payload)
+class Control(EngineHandle):
+    """A control-plane call: the token, the phase it enters, the version it names."""
 
+    __slots__ = ("lifecycle", "name", "rec", "request", "token_used", "unauthorized")
 
-class _DataHold:
-    """A data-plane request: held while the engine does not serve, then counted as running.
-    A class, not a generator: it is on every completion's path."""
+    def __init__(self, lifecycle: Lifecycle, rec: RequestRecord, request: web.Request) -> None:
+        self.lifecycle, self.rec, self.request = lifecycle, rec, request
+        self.unauthorized = False
+        self.token_used = lifecycle.token is not None
+        self.name: str | None = None  # the version the sidecar gave an update that named none
 
-    __slots__ = ("admission", "lifecycle", "rec")
-
-    def __init__(self, rec: RequestRecord, lifecycle: Lifecycle, admission: Admission) -> None:
-        self.rec, self.lifecycle, self.admission = rec, lifecycle, admission
-
-    async def __aenter__(self) -> None:
+    def authorize(self, header: str | None) -> None:
         try:
-            await self.lifecycle.admit(self.rec, self.admission.left())
-        except PhaseRefusal as refusal:
-            self.admission.retry_after = refusal.retry_after
+            self.lifecycle.authorize(header)
+        except Unauthorized:
+            self.unauthorized = True
             raise
-        self.admission.version = self.lifecycle.version
-        self.lifecycle.running += 1
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        self.lifecycle.running -= 1
-        self.lifecycle.stalls.discard(self.admission)
+    def hold(self) -> AbstractAsyncContextManager[None]:
+        request = self.request
+        return self.lifecycle.control_call(normalized(request.path), self.rec, request.query_string)
 
+    def named(self, body: bytes) -> bytes | None:
+        """A /finish_weight_update that names no `weight_version` (SkyRL 0.4 names none): the
+        body that names the next one (`default` -> `default+1` -> `default+2`), so that vLLM's
+        own version, its per-token spans and every answer's X-Weight-Version tell the updates
+        apart. None when the body is left as it is: it names one, or is not a JSON object."""
+        current = self.lifecycle.version
+        if rule(self.request.path).step != SYNC_END or current is None:
+            return None
+        try:
+            payload = orjson.loads(body) if body.strip() else {}
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(payload, dict) or payload.get("weight_version"):
+            return None
+        self.name = payload["weight_version"] = next_version(current)
+        return orjson.dumps(payload)
 
-def control_token_used(request: web.Request) -> bool:
-    """A control-plane call that passed the sidecar's token check: its Authorization was the
-    sidecar's token, not the client's word to vLLM."""
-    admission = request.get(ADMISSION)
-    return (
-        admission is not None
-        and admission.plane == CONTROL
-        and request.app[LIFECYCLE].token is not None
-    )
-
-
-def resendable(request: web.Request) -> bool:
-    """A data-plane request: one vLLM rejects as paused (0.33) is sent again."""
-    admission = request.get(ADMISSION)
-    return admission is not None and admission.plane == DATA
-
-
-async def held_again(request: web.Request, rec: RequestRecord, attempt: int) -> None:
-    """vLLM rejected the request as paused: wait for the pause to end (the sidecar's phase,
-    or vLLM's flags, or a short backoff when it was made around the sidecar), then pass the
-    hold again. A deadline the client asked for counts from its first hold."""
-    admission = request[ADMISSION]
-    lifecycle = request.app[LIFECYCLE]
-    lifecycle.running -= 1  # held again, not running: an update may start meanwhile
-    try:
-        await lifecycle.after_rejection(rec, attempt, admission.left())
-    except PhaseRefusal as refusal:
-        admission.retry_after = refusal.retry_after
-        raise
-    finally:
-        lifecycle.running += 1
-    admission.version = lifecycle.version
+    def stamp(self, response: web.StreamResponse) -> None:
+        if self.unauthorized:
+            response.headers["WWW-Authenticate"] = 'Bearer realm="vllm-sidecar control plane"'
+        if self.name is not None and response.status < 300:  # an update finished with it
+            response.headers[WEIGHT_VERSION] = self.name
 
 
-def upstream_started(request: web.Request, resp: aiohttp.ClientResponse) -> None:
-    """vLLM answered: with a pod-wide hold deadline, a data-plane stream is watched for a phase
-    stalling it (see stalls.py); without one, a frozen stream stays open as with vLLM alone."""
-    admission = request.get(ADMISSION)
-    if admission is None or admission.plane != DATA:
-        return
-    lifecycle = request.app[LIFECYCLE]
-    if lifecycle.hold_timeout is not None and is_event_stream(resp.headers.get("Content-Type")):
-        lifecycle.stalls.add(admission, admission.route, resp)
+class Data(EngineHandle):
+    """A data-plane request: held while the engine does not serve, counted running while it
+    goes upstream, stamped with the weight versions it ran under."""
 
+    __slots__ = ("lifecycle", "rec", "rehold", "retry_after", "until", "version")
 
-def stamp(request: web.Request, response: web.StreamResponse) -> None:
-    """At a response's prepare: the headers a phase or the weight version adds to an answer."""
-    admission = request.get(ADMISSION)
-    if admission is None:
-        return
-    headers = response.headers
-    if admission.retry_after is not None:
-        headers["Retry-After"] = str(admission.retry_after)  # RFC 9110 section 10.2.3
-    if admission.unauthorized:
-        headers["WWW-Authenticate"] = 'Bearer realm="vllm-sidecar control plane"'
-    if admission.named is not None and response.status < 300:  # an update finished with it
-        headers[WEIGHT_VERSION] = admission.named
-    if admission.plane != DATA or admission.version is None:
-        return
-    lifecycle = request.app[LIFECYCLE]
-    headers[WEIGHT_VERSION] = admission.version
-    if lifecycle.version not in (None, admission.version):
-        headers[WEIGHT_VERSION_END] = str(lifecycle.version)
-    body = response.body if isinstance(response, web.Response) else None
-    # Only outside serving: no body is searched in steady state.
-    if lifecycle.phase != SERVING and isinstance(body, bytes) and _ABORT in body:
-        lifecycle.count_abort(admission.route)
+    def __init__(self, lifecycle: Lifecycle, rec: RequestRecord, until: float | None) -> None:
+        self.lifecycle, self.rec, self.until = lifecycle, rec, until
+        self.version: str | None = lifecycle.version
+        self.retry_after: int | None = None
+        self.rehold = self._rehold
 
+    def left(self) -> float | None:
+        return None if self.until is None else max(self.until - time.monotonic(), 0.0)
 
-def stream_aborted(request: web.Request) -> None:
-    """Count a data-plane stream vLLM aborted (`finish_reason: "abort"`, seen by the SSE
-    watcher) outside serving; called however the stream ended, also when the client left
-    right after vLLM's `[DONE]`."""
-    admission = request.get(ADMISSION)
-    lifecycle = request.app[LIFECYCLE]
-    if admission is not None and admission.plane == DATA and lifecycle.phase != SERVING:
-        lifecycle.count_abort(admission.route)
+    def hold(self) -> AbstractAsyncContextManager[None]:
+        return self.lifecycle.holds.serving(self)
 
+    async def _rehold(self, attempt: int) -> None:
+        """vLLM rejected the request as paused: wait for the pause to end (the sidecar's phase,
+        or vLLM's flags, or a short backoff when it was made around the sidecar), then pass the
+        hold again. A deadline the client asked for counts from its first hold."""
+        lifecycle, holds = self.lifecycle, self.lifecycle.holds
+        try:
+            with holds.not_running():
+                await holds.after_rejection(self.rec, attempt, self.left())
+        except PhaseRefusal as refusal:
+            self.retry_after = refusal.retry_after
+            raise
+        self.version = lifecycle.version
 
-def version_change(request: web.Request) -> bytes:
-    """What to append to a data-plane SSE stream that ended as vLLM sent it: when the weight
-    version changed while it ran (a `keep` pause around a weight update), a named event after
-    vLLM's `[DONE]`. SSE clients that listen for `weight_version` read it; the openai SDK stops
-    at `[DONE]` and never sees it."""
-    admission = request.get(ADMISSION)
-    if admission is None or admission.plane != DATA:
-        return b""
-    lifecycle = request.app[LIFECYCLE]
-    if admission.version is None or lifecycle.version in (None, admission.version):
-        return b""
-    change = {"weight_version": lifecycle.version, "previous": admission.version}
-    return b"event: weight_version\ndata: " + orjson.dumps(change) + b"\n\n"
+    def started(self, resp: Any) -> None:
+        """With a pod-wide hold deadline, a stream is watched for a phase stalling it (see
+        stalls.py); without one, a frozen stream stays open as with vLLM alone."""
+        lifecycle = self.lifecycle
+        if lifecycle.hold_timeout is not None and is_event_stream(resp.headers.get("Content-Type")):
+            lifecycle.stalls.add(self, self.rec.route, resp)
+
+    def stamp(self, response: web.StreamResponse) -> None:
+        headers, lifecycle = response.headers, self.lifecycle
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(self.retry_after)  # RFC 9110 section 10.2.3
+        if self.version is None:
+            return
+        headers[WEIGHT_VERSION] = self.version
+        if lifecycle.version not in (None, self.version):
+            headers[WEIGHT_VERSION_END] = str(lifecycle.version)
+        body = response.body if isinstance(response, web.Response) else None
+        # Only outside serving: no body is searched in steady state.
+        if lifecycle.phase != SERVING and isinstance(body, bytes) and _ABORT in body:
+            lifecycle.count_abort(self.rec.route)
+
+    def aborted(self) -> None:
+        """Counted outside serving; called however the stream ended, also when the client
+        left right after vLLM's `[DONE]`."""
+        if self.lifecycle.phase != SERVING:
+            self.lifecycle.count_abort(self.rec.route)
+
+    def tail(self) -> bytes:
+        """When the weight version changed while the stream ran (a `keep` pause around a weight
+        update), a named event after vLLM's `[DONE]`. SSE clients that listen for
+        `weight_version` read it; the openai SDK stops at `[DONE]` and never sees it."""
+        now = self.lifecycle.version
+        if self.version is None or now in (None, self.version):
+            return b""
+        change = {"weight_version": now, "previous": self.version}
+        return b"event: weight_version\ndata: " + orjson.dumps(change) + b"\n\n"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
@@ -28,6 +28,7 @@ from proxy.observe.record import RequestRecord
 from proxy.upstream.engine_probe import Probe
 from proxy.upstream.session import Interrupted
 
+from .holds import Holds
 from .stalls import MIN_QUIET, Stalls
 from .state import ALONE, Change, EngineState, Role
 from .steps import LocalSteps, Steps
@@ -61,11 +62,10 @@ class Lifecycle:
         self.steps: Steps = (
             LocalSteps(self.state, lambda: self.probe) if relay is None else relay(self.state)
         )
-        self.held = self.running = 0
         self.cuts = 0  # abort-mode pauses and sleeps sent: what a continuation asks (client/)
         self._long_timer: asyncio.TimerHandle | None = None
-        self._wakeup = asyncio.Event()  # replaced on each change: held requests look again
         self.stalls = Stalls()
+        self.holds = Holds(self.state, metrics, hold_queue, self.stalls)
 
     @property
     def role(self) -> Role:
@@ -91,7 +91,7 @@ class Lifecycle:
         now = self.state.phase
         if now != change.before:
             self._watch_length(now)
-        self._wake()
+        self.holds.wake()
         if change.kind != "engine":
             return
         if now == SERVING:
@@ -99,10 +99,6 @@ class Lifecycle:
         elif change.before == SERVING and self.hold_timeout is not None:
             # Only a deadline someone asked for ends a frozen stream; vLLM alone keeps it open.
             self.stalls.start(asyncio.get_running_loop().create_task(self._sweep()))
-
-    def _wake(self) -> None:
-        self._wakeup.set()
-        self._wakeup = asyncio.Event()
 
     def _watch_length(self, now: str) -> None:
         """A phase that lasts past --phase-long-after is logged, shown and alerted on; it fails
@@ -126,54 +122,14 @@ class Lifecycle:
                 self.held,
             )
 
-    # -- the data plane ---------------------------------------------------------------------
-    async def admit(self, rec: RequestRecord, deadline: float | None = None) -> None:
-        """Return once the engine serves. Refuse when vLLM is down, the hold queue is full, or
-        a deadline asked for passes: `deadline` (the request's own) or --phase-hold-timeout."""
-        state = self.state
-        if state.phase == SERVING:
-            return
-        state.check_up(rec.route)
-        limit, flag = state.deadline(deadline)
-        if limit == 0:
-            raise state.refusal(rec.route, f"{flag} is 0: no request is held")
-        if self.hold_queue and self.held >= self.hold_queue:
-            why = f"{self.held} requests are held already (--phase-hold-queue)"
-            raise state.refusal(rec.route, why)
-        self.metrics.requests.labels(state.phase, rec.route, "held").inc()
-        try:
-            with self._holding():
-                async with asyncio.timeout(limit):
-                    while state.phase != SERVING:
-                        state.check_up(rec.route)
-                        await self._wakeup.wait()
-        except TimeoutError:
-            raise state.refusal(rec.route, f"held {limit:.3g}s ({flag})") from None
+    # -- the data plane: holds.py ----------------------------------------------------------
+    @property
+    def held(self) -> int:
+        return self.holds.held
 
-    @contextlib.contextmanager
-    def _holding(self) -> Iterator[None]:
-        """One request held: in `held` and the held gauge for as long as the block runs."""
-        self.held += 1
-        self.metrics.held.inc()
-        try:
-            yield
-        finally:
-            self.held -= 1
-            self.metrics.held.dec()
-
-    async def after_rejection(self, rec: RequestRecord, attempt: int, left: float | None) -> None:
-        """vLLM (0.33) rejected a request as paused: a pause made around the sidecar, so far
-        unseen. Wait for a change of state or a backoff (0.25 s doubling to 5 s, vLLM answers
-        a rejection at once), then hold as any request; `left`: the client's deadline left."""
-        self.metrics.requests.labels(phase.PAUSED, rec.route, "rejected").inc()
-        if left is not None and left <= 0:
-            why = "vLLM rejected it as paused past X-Sidecar-Hold-Timeout"
-            raise self.state.refusal(rec.route, why)
-        changed = self._wakeup
-        with self._holding(), contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(min(0.25 * 2**attempt, 5.0, left or 5.0)):
-                await changed.wait()
-        await self.admit(rec, left)
+    @property
+    def running(self) -> int:
+        return self.holds.running
 
     async def _sweep(self) -> None:
         """While the engine does not serve, end the streams that stay silent for the deadline."""

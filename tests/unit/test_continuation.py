@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from proxy.core import continuation as cont
-from proxy.core import joining
-from proxy.core.continuation import CHAT, COMPLETIONS, GENERATE, Plan, plan
-from proxy.core.joining import Joined, joined_choice
+from proxy.core.continuation import joining
+from proxy.core.continuation import planning as cont
+from proxy.core.continuation.joining import Joined, joined_choice
+from proxy.core.continuation.planning import CHAT, COMPLETIONS, GENERATE, Plan, plan
 
 Json = dict[str, Any]
 

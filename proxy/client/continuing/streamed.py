@@ -1,33 +1,27 @@
 """A continued answer that streams: relayed event by event; the events of a cut are kept back,
 and the choice goes on in a continuation's events, under its own index and the first part's id
-(client/continuation.py decides when and sends the parts)."""
+(parts.py decides when, and sends them)."""
 
 from __future__ import annotations
 
 import contextlib
-import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 
 from proxy.core import continuation as cont
-from proxy.core import joining
-from proxy.core.continuation import ABORT
+from proxy.core.continuation import ABORT, joining
+from proxy.core.continuation.joining import Joined
 from proxy.core.errors import SidecarFailure
 from proxy.core.headers import drop, response_headers
-from proxy.core.joining import Joined
 from proxy.core.sse import is_event_stream
-from proxy.observe.record import RequestRecord
 from proxy.upstream.session import UPSTREAM_ERRORS, classify
 
-from .failures import sse_error
-
-if TYPE_CHECKING:
-    from .continuation import Continuing, Relay
-
-log = logging.getLogger("proxy.continuation")
+from ..failures import sse_error
+from ..flow import Flow, Relay
+from .parts import Parts
 
 Json = dict[str, Any]
 
@@ -36,9 +30,9 @@ class Streamed:
     """A streamed answer, relayed event by event; the events of a cut are kept back and the
     choice goes on in a continuation's events, under its own index and the first part's id."""
 
-    def __init__(self, owner: Continuing, resp: aiohttp.ClientResponse) -> None:
-        self.owner, self.resp, self.plan = owner, resp, owner.plan
-        headers = response_headers(resp.headers, rid=owner.rec.request_id)
+    def __init__(self, parts: Parts, resp: aiohttp.ClientResponse) -> None:
+        self.parts, self.flow, self.resp, self.plan = parts, parts.flow, resp, parts.plan
+        headers = response_headers(resp.headers, rid=parts.flow.rec.request_id)
         drop(headers, ("Content-Length",))
         self.out = web.StreamResponse(status=resp.status, headers=headers)
         self.joined: dict[int, Joined] = {}
@@ -50,8 +44,8 @@ class Streamed:
         self.gone = False
 
     async def run(self, first: bytes) -> web.StreamResponse:
-        owner = self.owner
-        owner.rec.status = self.resp.status
+        parts = self.parts
+        self.flow.rec.status = self.resp.status
         await self._write(b"", prepare=True)
         if (failure := await self._pump(self.resp, first, None)) is not None:
             return await self._failed(failure)
@@ -62,13 +56,13 @@ class Streamed:
             (j for j in self.joined.values() if j.finish_reason in (ABORT, None)),
             key=lambda j: j.index,
         )
-        cut = bool(todo) and owner.phase_cut()
+        cut = bool(todo) and parts.phase_cut()
         for j in todo:
             if j.finish_reason is None:  # no event ended it: cut before its first token
                 j.finish_reason, j.cuts = ABORT, j.cuts + 1
             if cut and j.prompt and not j.reasoning:
                 try:
-                    await self.owner.finish(j, self._part)
+                    await parts.finish(j, self._part)
                 except _Broken as broken:
                     return await self._failed(broken.failure)
             if j.index not in self.ended:  # as it ended: cut, or a probe's stop or length
@@ -85,29 +79,21 @@ class Streamed:
     async def _part(self, j: Joined) -> bool:
         """One streamed part of the choice, its events relayed as they come; False when it
         could not be sent (the choice stays as it was cut)."""
-        owner = self.owner
+        parts = self.parts
         if self.gone:
             return False
         await self._flush(j)  # what vLLM kept back for its stop check, and any probe's
-        body = self.plan.part_body(j.prompt, j.tokens, stream=True, most=owner.left(j))
-        owner.parts += 1
         self.starts[j.index] = len(j.tokens)
-        relay = self._relayed(j, owner.lifecycle.version)
-        try:
-            resp = await owner.send(orjson.dumps(body), f"c{owner.parts}", relay)
-        except SidecarFailure as failure:  # not connected
-            log.warning("%s: a continuation failed: %s", owner.rec.path, failure)
-            resp = None
+        relay = self._relayed(j, parts.now)
+        resp = await parts.send(j, relay, stream=True, most=parts.left(j))
         if resp is None or resp.status != 200:
-            owner.count("failed")
+            parts.count("failed")
             return False
-        owner.count("continued")
+        parts.count("continued")
         return not self.gone
 
     def _relayed(self, j: Joined, version: str | None) -> Relay:
-        async def relay(
-            request: web.Request, rec: RequestRecord, resp: aiohttp.ClientResponse, first: bytes
-        ) -> web.Response:
+        async def relay(flow: Flow, resp: aiohttp.ClientResponse, first: bytes) -> web.Response:
             if resp.status != 200 or not is_event_stream(resp.headers.get("Content-Type")):
                 await resp.read()
                 return web.Response(status=resp.status if resp.status != 200 else 502)
@@ -132,7 +118,7 @@ class Streamed:
                 except StopAsyncIteration:
                     return None
                 except UPSTREAM_ERRORS as exc:
-                    where = f"while streaming {self.owner.rec.method} {self.owner.rec.path}"
+                    where = f"while streaming {self.flow.rec.method} {self.flow.rec.path}"
                     return classify(exc, where=where)
                 continue
             event, buffer = buffer[: end + 2], buffer[end + 2 :]
@@ -141,9 +127,9 @@ class Streamed:
 
     async def _failed(self, failure: SidecarFailure) -> web.StreamResponse:
         """vLLM's stream broke off: one SSE error event and [DONE], as the relay ends one."""
-        owner = self.owner
-        owner.rec.fail_with(owner.metrics, failure)
-        await self._write(b"\n\n" + sse_error(owner.rec, failure, None))
+        flow = self.flow
+        flow.rec.fail_with(flow.metrics, failure)
+        await self._write(b"\n\n" + sse_error(flow.rec, failure, None))
         if not self.gone:
             with contextlib.suppress(ConnectionError):
                 await self.out.write_eof()
@@ -190,7 +176,7 @@ class Streamed:
         if not isinstance(choice, dict):
             return None
         j = self._choice(choice, chunk) if part is None else part[0]
-        version = self.owner.version if part is None else part[1]
+        version = self.parts.version if part is None else part[1]
         tokens = choice.get("token_ids") or []
         text = self.plan.text_of(choice)
         if part is not None and _role_only(choice, text, tokens):
@@ -256,12 +242,12 @@ class Streamed:
             return
         try:
             if prepare:
-                await self.out.prepare(self.owner.request)
+                await self.out.prepare(self.flow.request)
             elif data:
                 await self.out.write(data)
         except ConnectionError:
             self.gone = True
-            self.owner.rec.client_left(self.owner.metrics)
+            self.flow.rec.client_left(self.flow.metrics)
 
 
 _HEAD = ("id", "object", "created", "model", "request_id")

@@ -1,13 +1,12 @@
-"""Continuing a generation a phase cut short: what to send again, and how the parts join.
+"""A continuation's plan: what a cut generation asked for, and what to send again.
 
 A pause or sleep in abort mode ends every running request as a 200 with `finish_reason:
 "abort"` and its partial output. With continuation on, the sidecar sends each such choice
 again from exactly the tokens it has (the prompt's token ids plus the output's, the rest of
 `max_tokens` and `min_tokens`, the same sampling parameters) and joins the parts into one
-choice. This module is the pure part: the plan read from the request, each part's body, the
-joining, and a stop string that straddles a cut (vLLM checks stop strings against a request's
-own output text only, so one that began before the cut is the sidecar's to find).
-client/continuation.py does the sending.
+choice. This module reads the plan from the request and makes each part's body; joining.py
+joins the parts (and finds a stop string that straddles a cut: vLLM checks stop strings
+against a request's own output text only). client/continuing/ does the sending.
 """
 
 from __future__ import annotations

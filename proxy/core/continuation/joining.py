@@ -1,4 +1,4 @@
-"""Joining the parts of a continued generation into one choice (core/continuation.py plans them):
+"""Joining the parts of a continued generation into one choice (planning.py plans them):
 tokens, text, logprobs and weight-version spans joined; a stop string that straddles a cut; the
 answer's usage and its choice as the client gets it."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .continuation import ABORT, GENERATE, Plan
+from .planning import ABORT, GENERATE, Plan
 
 Json = dict[str, Any]
 
