@@ -149,3 +149,13 @@ class Unauthorized(SidecarFailure):
 
     reason = "unauthorized"
     status = 401
+
+
+class Interrupted(Exception):
+    """An upstream read the sidecar ended itself (a stream stuck in an engine phase,
+    engine/stalls.py): set on the answer's reader, it is raised where the relay reads next, and
+    carries the failure the client is told (upstream/session.py's `classify`)."""
+
+    def __init__(self, failure: SidecarFailure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure

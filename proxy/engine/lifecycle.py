@@ -20,18 +20,16 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from proxy.core import control, phase
-from proxy.core.errors import Unauthorized
+from proxy.core.errors import Interrupted, Unauthorized
 from proxy.core.phase import SERVING
 from proxy.core.routes import SYNC_START, rule
 from proxy.observe.engine_metrics import EngineMetrics
 from proxy.observe.record import RequestRecord
-from proxy.upstream.engine_probe import Probe
-from proxy.upstream.session import Interrupted
 
 from .holds import Holds
 from .stalls import MIN_QUIET, Stalls
 from .state import ALONE, Change, EngineState, Role
-from .steps import LocalSteps, Steps
+from .steps import Flags, LocalSteps, Steps
 
 log = logging.getLogger("proxy.lifecycle")  # its name before the layers: kept for filters
 
@@ -58,7 +56,7 @@ class Lifecycle:
         self.hold_queue, self.token, self.long_after = hold_queue, token, long_after
         self.state = EngineState(metrics, hold_timeout=hold_timeout, role=role)
         self.state.listeners.append(self._changed)
-        self.probe: Probe | None = None  # reconciling's, while it runs (the lead's only)
+        self.probe: Flags | None = None  # reconciling's, while it runs (the lead's only)
         self.steps: Steps = (
             LocalSteps(self.state, lambda: self.probe) if relay is None else relay(self.state)
         )

@@ -13,7 +13,7 @@ import asyncio
 
 import aiohttp
 
-from proxy.upstream.session import Interrupted
+from proxy.core.errors import Interrupted
 
 # A phase's first second is left alone whatever the hold timeout: the abort vLLM sends running
 # streams on /pause arrives in it, and must reach the client as vLLM sent it.

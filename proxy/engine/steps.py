@@ -8,14 +8,22 @@ up). One process and the supervisor of `--workers N` take each step on their own
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Protocol
 
 from proxy.core.routes import WAKE_UP, rule
-from proxy.upstream.engine_probe import Probe, ProbeFailed
 
 from .state import Call, EngineState
+
+
+class Flags(Protocol):
+    """What an answered call reads of vLLM afterwards (upstream/engine_probe.py's `Lenient`,
+    handed in by the wiring). `sleeping`: None when vLLM has no such route, False when it could
+    not be asked (taken as awake); `weight_version`: None wherever vLLM cannot say."""
+
+    async def sleeping(self) -> bool | None: ...
+
+    async def weight_version(self) -> str | None: ...
 
 
 class Steps(Protocol):
@@ -32,7 +40,7 @@ class LocalSteps:
     """Each step taken on `state` at once; an answer also reads what vLLM now reports, through
     the probe that reconciling keeps (`probe()`, None while there is none)."""
 
-    def __init__(self, state: EngineState, probe: Callable[[], Probe | None]) -> None:
+    def __init__(self, state: EngineState, probe: Callable[[], Flags | None]) -> None:
         self.state, self._probe = state, probe
 
     async def enter(self, path: str) -> Call:
@@ -48,9 +56,7 @@ class LocalSteps:
         awake, version, probe, route = True, None, self._probe(), rule(path)
         if route.step == WAKE_UP and "tags=" in query and probe is not None:
             # Waking only some tags (weights, then kv_cache) leaves the engine asleep.
-            with contextlib.suppress(ProbeFailed):
-                awake = await probe.sleeping() is False
+            awake = await probe.sleeping() is False
         if route.versions and probe is not None:
-            with contextlib.suppress(ProbeFailed):
-                version = await probe.weight_version()
+            version = await probe.weight_version()
         self.state.answered(call, path, awake=awake, version=version)

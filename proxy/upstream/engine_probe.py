@@ -83,3 +83,24 @@ class Probe:
     async def weight_version(self) -> str | None:
         value = await self._get("/weight_info", "weight_version")
         return None if value is None else clean_version(value)
+
+
+class Lenient:
+    """A probe whose failures are answers: what an answered control call reads of vLLM
+    (engine/steps.py's `Flags`), where a slow or unreachable vLLM changes nothing."""
+
+    def __init__(self, probe: Probe) -> None:
+        self.probe = probe
+
+    async def sleeping(self) -> bool | None:
+        """As `Probe.sleeping`; False (taken as awake) when vLLM could not be asked."""
+        try:
+            return await self.probe.sleeping()
+        except ProbeFailed:
+            return False
+
+    async def weight_version(self) -> str | None:
+        try:
+            return await self.probe.weight_version()
+        except ProbeFailed:
+            return None

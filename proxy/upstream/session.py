@@ -13,6 +13,7 @@ from aiohttp.client_proto import ResponseHandler
 from yarl import URL
 
 from proxy.core.errors import (
+    Interrupted,
     SidecarFailure,
     UpstreamDisconnected,
     UpstreamInvalidResponse,
@@ -163,15 +164,6 @@ def target(base: URL, raw_path_qs: str) -> URL:
     return URL(str(base).rstrip("/") + raw_path_qs, encoded=True)
 
 
-class Interrupted(aiohttp.ClientPayloadError):
-    """An upstream read the sidecar ended itself (a stream stuck in an engine phase); it carries
-    the failure the client is told."""
-
-    def __init__(self, failure: SidecarFailure) -> None:
-        super().__init__(failure.message)
-        self.failure = failure
-
-
 def classify(exc: BaseException, *, where: str) -> SidecarFailure:
     """A client-side exception from talking to the upstream -> the failure the client is told."""
     if isinstance(exc, Interrupted):
@@ -220,8 +212,9 @@ def closed_while_idle(exc: BaseException) -> bool:
     )
 
 
-# What `classify` understands: raised while sending to or reading from the upstream.
-UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
+# What `classify` understands: raised while sending to or reading from the upstream (or set on
+# a read by the sidecar itself: core/errors.py's Interrupted).
+UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError, Interrupted)
 
 
 # Its slot on an app (aiohttp's typed key, declared beside what it holds).

@@ -21,11 +21,12 @@ from proxy.config.settings import SETTINGS, Settings
 from proxy.core.phase import SERVING
 from proxy.engine.gate import stamp
 from proxy.engine.lifecycle import LIFECYCLE, Lifecycle
-from proxy.engine.reconcile import reconciling
 from proxy.observe.metrics import METRICS, Metrics
 from proxy.upstream.discovery import DISCOVERY, Discovery
 from proxy.upstream.hop import HOP, hop
 from proxy.upstream.session import SESSION, UPSTREAM, make_session
+
+from .reconcile import reconciling
 
 
 async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -11,7 +11,7 @@ from aiohttp import web
 from pytest_aiohttp.plugin import AiohttpServer
 from yarl import URL
 
-from proxy.upstream.engine_probe import MAX_VERSION, Probe, ProbeFailed, clean_version
+from proxy.upstream.engine_probe import MAX_VERSION, Lenient, Probe, ProbeFailed, clean_version
 
 
 @pytest.mark.parametrize(
@@ -89,3 +89,11 @@ async def test_an_unreachable_vllm_is_a_failed_probe_not_a_flag() -> None:
         with pytest.raises(ProbeFailed) as failed:
             await probe.busy()
     assert not failed.value.timed_out
+
+
+async def test_the_lenient_probe_answers_what_an_unreachable_vllm_leaves_unchanged() -> None:
+    """What an answered control call reads afterwards (engine/steps.py): a vLLM it cannot ask
+    is taken as awake and naming no version, so the call's own answer stands."""
+    async with aiohttp.ClientSession() as session:
+        lenient = Lenient(Probe(session, URL("http://127.0.0.1:9"), timeout=2.0))
+        assert (await lenient.sleeping(), await lenient.weight_version()) == (False, None)

@@ -11,7 +11,7 @@ from proxy.core.phase import PAUSED, SERVING, SLEEPING
 from proxy.engine.state import EngineState
 from proxy.engine.steps import LocalSteps
 from proxy.observe.engine_metrics import EngineMetrics
-from proxy.upstream.engine_probe import Probe
+from proxy.upstream.engine_probe import Lenient, Probe
 
 
 def fresh() -> EngineState:
@@ -49,7 +49,7 @@ async def test_an_answer_reads_the_version_and_a_partial_wake_up(
     async with aiohttp.ClientSession() as session:
         probe = Probe(session, server.make_url(""), timeout=2.0)
         state = fresh()
-        steps = LocalSteps(state, lambda: probe)
+        steps = LocalSteps(state, lambda: Lenient(probe))
         await steps.answered(await steps.enter("/sleep"), "/sleep", "")
         await steps.answered(await steps.enter("/wake_up"), "/wake_up", "tags=weights")
         assert state.phase == SLEEPING  # vLLM says it still sleeps

@@ -1,4 +1,5 @@
-"""Keeping the sidecar's phase true to vLLM's: calls made around it, restarts, the version."""
+"""Keeping the sidecar's phase true to vLLM's (calls made around it, restarts, the version):
+the engine's state, read from vLLM by the upstream's probe, joined here."""
 
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ import aiohttp
 from yarl import URL
 
 from proxy.core.phase import reconciled
-from proxy.upstream.engine_probe import Probe, ProbeFailed
+from proxy.engine.lifecycle import Lifecycle
+from proxy.engine.state import EngineState
+from proxy.upstream.engine_probe import Lenient, Probe, ProbeFailed
 from proxy.upstream.options import UpstreamOptions
-
-from .lifecycle import Lifecycle
-from .state import EngineState
 
 log = logging.getLogger("proxy.reconcile")  # its name before the layers: kept for filters
 
@@ -72,8 +72,9 @@ async def reconciling(
     routes) for as long as the context is open."""
     interval = settings.health_interval
     idle = max(settings.discovery_interval, interval)
-    lifecycle.probe = Probe(session, base, timeout=max(min(interval, 5.0), 1.0))
-    task = asyncio.create_task(_loop(lifecycle, lifecycle.probe, interval, idle))
+    probe = Probe(session, base, timeout=max(min(interval, 5.0), 1.0))
+    lifecycle.probe = Lenient(probe)
+    task = asyncio.create_task(_loop(lifecycle, probe, interval, idle))
     try:
         yield
     finally:
