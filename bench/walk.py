@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import sys
 from collections import Counter
 from pathlib import Path
@@ -81,7 +82,7 @@ def report(seen: list[str], show_path: bool) -> None:
     moves = len(seen) - 1
     left: set[str] = set()
     back = 0
-    for before, now in zip(seen, seen[1:], strict=False):
+    for before, now in itertools.pairwise(seen):
         left.add(before)
         back += now in left
     print(f"modules visited {len(set(seen))}, moves {moves}, moves back {back}")

@@ -8,7 +8,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.core import envelope
+from proxy.core import envelope, upstream_body
 from proxy.core.envelope import Envelope, ModelInfo
 from proxy.core.errors import InternalError, SidecarFailure
 from proxy.core.headers import SIDECAR_ERROR, drop, response_headers
@@ -75,7 +75,7 @@ def error_reply(
         method=rec.method,
         path=rec.path,
         content_type=content_type,
-        body=envelope.decode_body(
+        body=upstream_body.decode_body(
             raw,
             content_type=content_type,
             content_encoding=resp.headers.get("Content-Encoding"),

@@ -9,7 +9,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.core import envelope, errors
+from proxy.core import envelope, errors, upstream_body
 from proxy.core.body import find_model, replace_model
 from proxy.core.resolution import AMBIGUOUS, CASE, EXACT, RULES, UNRESOLVED, ModelTable, ServedModel
 
@@ -213,7 +213,7 @@ def test_every_upstream_envelope_is_valid(
     truncated: bool,
     model: envelope.ModelInfo | None,
 ) -> None:
-    body = envelope.decode_body(
+    body = upstream_body.decode_body(
         raw, content_type=content_type, content_encoding=encoding, truncated=truncated
     )
     reply = envelope.UpstreamReply(status, method, path, content_type, body, truncated)

@@ -8,7 +8,7 @@ import zlib
 
 import pytest
 
-from proxy.core import envelope
+from proxy.core import envelope, upstream_body
 from proxy.core.envelope import ModelInfo, UpstreamReply
 from proxy.core.errors import BodyTooLarge, ModelAmbiguous, UpstreamTimeout, UpstreamUnreachable
 
@@ -36,7 +36,7 @@ def test_status_type(status: int, name: str) -> None:
 
 
 def test_upstream_404_keeps_everything() -> None:
-    body = envelope.decode_body(
+    body = upstream_body.decode_body(
         VLLM_404, content_type="application/json", content_encoding=None, truncated=False
     )
     reply = UpstreamReply(404, "POST", "/v1/completions", "application/json", body)
@@ -76,30 +76,30 @@ def test_5xx_from_upstream_is_retryable_and_typed_from_status() -> None:
 
 def test_html_error_page_is_text_and_readable() -> None:
     html = b"<html><body><h1>500 Internal Server Error</h1>\n</body></html>"
-    body = envelope.decode_body(
+    body = upstream_body.decode_body(
         html, content_type="text/html", content_encoding=None, truncated=False
     )
     assert body == html.decode()
-    assert "500 Internal Server Error" in envelope.upstream_message(body)
+    assert "500 Internal Server Error" in upstream_body.upstream_message(body)
 
 
 def test_gzip_body_is_decoded() -> None:
     raw = gzip.compress(VLLM_404)
-    body = envelope.decode_body(
+    body = upstream_body.decode_body(
         raw, content_type="application/json", content_encoding="gzip", truncated=False
     )
     assert body == json.loads(VLLM_404)
 
 
 def test_truncated_json_becomes_text() -> None:
-    body = envelope.decode_body(
+    body = upstream_body.decode_body(
         VLLM_404[:40], content_type="application/json", content_encoding=None, truncated=True
     )
     assert body == VLLM_404[:40].decode()
 
 
 def test_invalid_json_with_json_type_becomes_text() -> None:
-    body = envelope.decode_body(
+    body = upstream_body.decode_body(
         b"{oops", content_type="application/json", content_encoding=None, truncated=False
     )
     assert body == "{oops"
@@ -115,7 +115,7 @@ def test_invalid_json_with_json_type_becomes_text() -> None:
     ],
 )
 def test_upstream_message_shapes(body: object, message: str) -> None:
-    assert envelope.upstream_message(body) == message
+    assert upstream_body.upstream_message(body) == message
 
 
 @pytest.mark.parametrize(
@@ -224,7 +224,9 @@ def test_status_type_of_a_hyphenated_phrase() -> None:
 @pytest.mark.parametrize("encoding", ["x-gzip", "deflate", "GZIP"])
 def test_compressed_bodies_are_decoded(encoding: str) -> None:
     raw = zlib.compress(b'{"detail": "x"}') if encoding == "deflate" else gzip.compress(b'"x"')
-    body = envelope.decode_body(raw, content_type=None, content_encoding=encoding, truncated=False)
+    body = upstream_body.decode_body(
+        raw, content_type=None, content_encoding=encoding, truncated=False
+    )
     assert body in ({"detail": "x"}, "x")
 
 
@@ -242,7 +244,7 @@ def test_compressed_bodies_are_decoded(encoding: str) -> None:
 def test_decode_body_cases(
     raw: bytes, content_type: str | None, encoding: str | None, truncated: bool, decoded: object
 ) -> None:
-    body = envelope.decode_body(
+    body = upstream_body.decode_body(
         raw, content_type=content_type, content_encoding=encoding, truncated=truncated
     )
     assert body == decoded
@@ -260,7 +262,7 @@ def test_decode_body_cases(
     ],
 )
 def test_upstream_message_more_shapes(body: object, message: str) -> None:
-    assert envelope.upstream_message(body) == message
+    assert upstream_body.upstream_message(body) == message
 
 
 def test_lone_surrogates_are_replaced_not_fatal() -> None:

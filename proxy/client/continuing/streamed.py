@@ -15,12 +15,12 @@ from proxy.core import continuation as cont
 from proxy.core.continuation import ABORT, joining
 from proxy.core.continuation.joining import Joined
 from proxy.core.errors import SidecarFailure
-from proxy.core.headers import drop, response_headers
 from proxy.core.sse import is_event_stream
 from proxy.upstream.session import UPSTREAM_ERRORS, classify
 
 from ..failures import sse_error
 from ..flow import Flow, Relay
+from .client_stream import ClientStream
 from .parts import Parts
 
 Json = dict[str, Any]
@@ -32,21 +32,15 @@ class Streamed:
 
     def __init__(self, parts: Parts, resp: aiohttp.ClientResponse) -> None:
         self.parts, self.flow, self.resp, self.plan = parts, parts.flow, resp, parts.plan
-        headers = response_headers(resp.headers, rid=parts.flow.rec.request_id)
-        drop(headers, ("Content-Length",))
-        self.out = web.StreamResponse(status=resp.status, headers=headers)
+        self.client = ClientStream(parts.flow, resp, parts.plan)
         self.joined: dict[int, Joined] = {}
-        self.sent: dict[int, tuple[int, int]] = {}  # what the client has: characters, tokens
-        self.ended: set[int] = set()  # choices whose finishing event went out
         self.starts: dict[int, int] = {}  # where each choice's part in flight began, in tokens
         self.usage: Json | None = None  # the first part's usage event, counted again at the end
-        self.head: Json = {}  # the first part's id, created, model: every event carries them
-        self.gone = False
 
     async def run(self, first: bytes) -> web.StreamResponse:
         parts = self.parts
         self.flow.rec.status = self.resp.status
-        await self._write(b"", prepare=True)
+        await self.client.prepare()
         if (failure := await self._pump(self.resp, first, None)) is not None:
             return await self._failed(failure)
         for index in range(self.plan.choices()):  # vLLM 0.32 sends no event for a 0-token abort
@@ -65,24 +59,24 @@ class Streamed:
                     await parts.finish(j, self._part)
                 except _Broken as broken:
                     return await self._failed(broken.failure)
-            if j.index not in self.ended:  # as it ended: cut, or a probe's stop or length
-                await self._flush(j, j.finish_reason)
+            if j.index not in self.client.ended:  # as it ended: cut, or a probe's stop or length
+                await self.client.flush(j, j.finish_reason)
         if self.usage is not None:
             usage = joining.usage_of(self.usage.get("usage"), list(self.joined.values()))
-            await self._event({**self.usage, "usage": usage})
-        await self._write(b"data: [DONE]\n\n")
-        if not self.gone:
+            await self.client.event({**self.usage, "usage": usage})
+        await self.client.write(b"data: [DONE]\n\n")
+        if not self.client.gone:
             with contextlib.suppress(ConnectionError):
-                await self.out.write_eof()
-        return self.out
+                await self.client.out.write_eof()
+        return self.client.out
 
     async def _part(self, j: Joined) -> bool:
         """One streamed part of the choice, its events relayed as they come; False when it
         could not be sent (the choice stays as it was cut)."""
         parts = self.parts
-        if self.gone:
+        if self.client.gone:
             return False
-        await self._flush(j)  # what vLLM kept back for its stop check, and any probe's
+        await self.client.flush(j)  # what vLLM kept back for its stop check, and any probe's
         self.starts[j.index] = len(j.tokens)
         relay = self._relayed(j, parts.now)
         resp = await parts.send(j, relay, stream=True, most=parts.left(j))
@@ -90,7 +84,7 @@ class Streamed:
             parts.count("failed")
             return False
         parts.count("continued")
-        return not self.gone
+        return not self.client.gone
 
     def _relayed(self, j: Joined, version: str | None) -> Relay:
         async def relay(flow: Flow, resp: aiohttp.ClientResponse, first: bytes) -> web.Response:
@@ -110,7 +104,7 @@ class Streamed:
         the continued choice and its version (None: the first part, all the client's)."""
         buffer = first
         chunks = resp.content.iter_any().__aiter__()
-        while not self.gone:
+        while not self.client.gone:
             end = buffer.find(b"\n\n")
             if end < 0:
                 try:
@@ -129,16 +123,16 @@ class Streamed:
         """vLLM's stream broke off: one SSE error event and [DONE], as the relay ends one."""
         flow = self.flow
         flow.rec.fail_with(flow.metrics, failure)
-        await self._write(b"\n\n" + sse_error(flow.rec, failure, None))
-        if not self.gone:
+        await self.client.write(b"\n\n" + sse_error(flow.rec, failure, None))
+        if not self.client.gone:
             with contextlib.suppress(ConnectionError):
-                await self.out.write_eof()
-        return self.out
+                await self.client.out.write_eof()
+        return self.client.out
 
     async def _on_event(self, event: bytes, part: tuple[Joined, str | None] | None) -> None:
         data = event.strip()
         if not data.startswith(b"data:"):
-            await self._write(event)  # a comment, or the sidecar's own events
+            await self.client.write(event)  # a comment, or the sidecar's own events
             return
         data = data[5:].strip()
         if data == b"[DONE]":
@@ -148,14 +142,14 @@ class Streamed:
         except orjson.JSONDecodeError:
             chunk = None
         if not isinstance(chunk, dict) or not isinstance(chunk.get("choices"), list):
-            await self._write(event)  # an in-band error: relayed as it is
+            await self.client.write(event)  # an in-band error: relayed as it is
             return
         if not chunk["choices"] and "usage" in chunk:
             if part is None:
                 self.usage = chunk
             return
-        if part is None and not self.head:
-            self.head = {k: chunk[k] for k in _HEAD if k in chunk}
+        if part is None and not self.client.head:
+            self.client.head = {k: chunk[k] for k in _HEAD if k in chunk}
         relayed = [
             c
             for choice in chunk["choices"]
@@ -166,7 +160,7 @@ class Streamed:
                 "prompt_token_ids", None
             )  # chat's, on a first event; a part's: not the client's
         if relayed:
-            await self._event({**chunk, **self.head, "choices": relayed})
+            await self.client.event({**chunk, **self.client.head, "choices": relayed})
 
     def _relayed_choice(
         self, choice: object, part: tuple[Joined, str | None] | None, chunk: Json
@@ -194,13 +188,13 @@ class Streamed:
             j.finish(choice)
         if finish == ABORT:
             return None
-        self.sent[j.index] = (len(j.text), len(j.tokens))
+        self.client.sent[j.index] = (len(j.text), len(j.tokens))
         out = joining.stripped(self.plan, {**choice, "index": j.index})
         if part is not None and self.plan.kind == cont.CHAT:  # a /v1/completions part's event
             out = self.plan.with_text(_without(out, "text"), text, stream=True)
         if finish is not None:
-            self.ended.add(j.index)
-            if self._spans_shown():
+            self.client.ended.add(j.index)
+            if self.client.spans_shown():
                 out["weight_versions"] = j.spans
         return out
 
@@ -213,41 +207,6 @@ class Streamed:
         elif not j.prompt and (prompt := self.plan.prompt_of(choice, chunk)):
             j.prompt = prompt
         return j
-
-    def _spans_shown(self) -> bool:
-        return self.plan.versions_asked or self.plan.kind == cont.GENERATE
-
-    async def _flush(self, j: Joined, finish: str | None = None) -> None:
-        """One event with what the client does not have of the choice yet, and its end."""
-        chars, count = self.sent.get(j.index, (0, 0))
-        text, tokens = j.text[chars:], j.tokens[count:]
-        if not text and not tokens and finish is None:
-            return
-        self.sent[j.index] = (max(chars, len(j.text)), len(j.tokens))
-        choice = self.plan.with_text({"index": j.index, "finish_reason": finish}, text, stream=True)
-        if self.plan.kind == cont.GENERATE or self.plan.token_ids_asked:
-            choice["token_ids"] = tokens
-        if finish is not None:
-            self.ended.add(j.index)
-            choice["stop_reason"] = j.stop_reason
-            if self._spans_shown():
-                choice["weight_versions"] = j.spans
-        await self._event({**self.head, "choices": [choice]})
-
-    async def _event(self, chunk: Json) -> None:
-        await self._write(b"data: " + orjson.dumps(chunk) + b"\n\n")
-
-    async def _write(self, data: bytes, *, prepare: bool = False) -> None:
-        if self.gone:
-            return
-        try:
-            if prepare:
-                await self.out.prepare(self.flow.request)
-            elif data:
-                await self.out.write(data)
-        except ConnectionError:
-            self.gone = True
-            self.flow.rec.client_left(self.flow.metrics)
 
 
 _HEAD = ("id", "object", "created", "model", "request_id")
