@@ -76,6 +76,19 @@ def processes_with_args(*args: str) -> list[int]:
     return found
 
 
+def fd_count(pid: int) -> int:
+    """Open file descriptors of a process."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process, from /proc/<pid>/status."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
 def _shm_inodes(pids: Sequence[int]) -> set[int]:
     """Inodes of the /dev/shm files these processes have mapped.
 

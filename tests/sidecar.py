@@ -89,8 +89,3 @@ async def assert_envelope(resp: ClientResponse, status: int, reason: str) -> dic
     assert (err["code"], err["reason"]) == (status, reason)
     assert err["request_id"] == resp.headers["X-Request-Id"]
     return err
-
-
-async def read_events(resp: ClientResponse) -> list[str]:
-    """The SSE events of a whole response body, without their blank-line separators."""
-    return [e for e in (await resp.text()).split("\n\n") if e]

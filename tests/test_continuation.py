@@ -15,7 +15,8 @@ from aiohttp.test_utils import TestServer
 from proxy.engine.lifecycle import LIFECYCLE
 from tests.fake_generator import Generator, generate, logprob_of, text_of
 from tests.fake_vllm import FakeVLLM, respond, sse_then_drop
-from tests.sidecar import MakeSidecar, Sidecar, control, failures, read_events
+from tests.sidecar import MakeSidecar, Sidecar, control, failures
+from tests.sse import read_events
 from tests.support import eventually
 
 PROMPT = [3, 1, 4, 1, 5]

@@ -16,7 +16,8 @@ import yaml
 from aiohttp.test_utils import TestServer
 
 from tests.fake_vllm import FakeVLLM, hang, respond, slow, sse_forever
-from tests.sidecar import COMPLETION, StartSidecar, admin_of, read_events
+from tests.sidecar import COMPLETION, StartSidecar, admin_of
+from tests.sse import read_events
 from tests.support import eventually, refuses_connections
 
 DEPLOYMENT = Path(__file__).parent.parent / "deploy" / "kubernetes" / "deployment.yaml"

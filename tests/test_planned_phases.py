@@ -16,7 +16,8 @@ from aiohttp.test_utils import TestServer
 from proxy.engine.lifecycle import LIFECYCLE
 from proxy.upstream.discovery import DISCOVERY
 from tests.fake_vllm import FakeVLLM, dumps, error_body, hang, paused_rejection, raw, reset, respond
-from tests.sidecar import COMPLETION, MakeSidecar, Sidecar, assert_envelope, control, read_events
+from tests.sidecar import COMPLETION, MakeSidecar, Sidecar, assert_envelope, control
+from tests.sse import read_events
 from tests.support import eventually
 
 CHAT = {"model": "tiny-model", "messages": [{"role": "user", "content": "x"}]}

@@ -19,10 +19,11 @@ import aiohttp
 import pytest
 
 from tests.processes import running
+from tests.sse import DONE, sse_data
 from tests.support import eventually
 
 from ._servers import SidecarProcess, TinyModel, VllmServer
-from ._support import DONE, metric, sse_data
+from ._support import metric
 
 pytestmark = pytest.mark.vllm
 

@@ -12,8 +12,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.sse import DONE, parse_sse
+
 from ._servers import SidecarProcess, TinyModel, VllmServer
-from ._support import DONE, metric, parse_sse
+from ._support import metric
 
 pytestmark = pytest.mark.vllm
 

@@ -9,7 +9,7 @@ from aiohttp.test_utils import TestServer
 
 from tests.fake_vllm import FakeVLLM, Firehose, hang, sse_forever
 from tests.metrics import sample, scrape
-from tests.reliability.conftest import rss_bytes
+from tests.processes import rss_bytes
 from tests.sidecar import COMPLETION, Sidecar, StartSidecar, admin_of
 from tests.support import eventually
 

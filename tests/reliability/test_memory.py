@@ -19,8 +19,9 @@ from aiohttp.test_utils import TestServer
 
 from tests.fake_vllm import FakeVLLM
 from tests.metrics import sample, scrape
-from tests.reliability.conftest import rss_bytes
+from tests.processes import rss_bytes
 from tests.sidecar import StartSidecar, admin_of
+from tests.support import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -95,16 +96,14 @@ async def test_clients_that_do_not_read_a_16mb_answer_do_not_hold_its_copies(
     peak = peak_bytes(proc.pid)
     for _, writer in clients:
         writer.close()
-    for _ in range(100):  # until every answer has seen its client go
+
+    async def released() -> bool:  # every answer has seen its client go
         metrics = await scrape(admin_of(proc))
-        held = sample(metrics, "vllm_sidecar_client_connections") + sample(
-            metrics, "vllm_sidecar_buffered_bytes"
-        )
-        if not held:
-            break
-        await asyncio.sleep(0.1)
+        held = ("vllm_sidecar_client_connections", "vllm_sidecar_buffered_bytes")
+        return sum(sample(metrics, name) for name in held) == 0
+
+    await eventually(released, "every answer sees its client go and lets its bytes go")
     after = rss_bytes(proc.pid)
     figures(base=base, peak=peak, after=after)
-    assert sample(metrics, "vllm_sidecar_buffered_bytes") == 0
     assert peak < PEAK_BUDGET
     assert after - base < AFTER_TOLERANCE

@@ -8,24 +8,12 @@ from __future__ import annotations
 # (the real-vLLM tests) get the same import when they reuse the seed helper.
 import tests.skyrl.seed  # noqa: F401  # isort: skip
 
-from typing import Any
-
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from tests.fake_vllm import FakeVLLM
-
-# The seed's deployment: vLLM started with `--served-model-name Qwen2.5-0.5B` on the HF model
-# `Qwen/Qwen2.5-0.5B`, while SkyRL asks for `trainer.policy.model.path`, the HF path.
-SERVED = "Qwen2.5-0.5B"
-HF_PATH = "Qwen/Qwen2.5-0.5B"
-
-
-def hostport(server: TestServer | TestClient[Any, Any]) -> str:
-    """A listener as SkyRL's `remote_urls` name it: host:port, no scheme."""
-    return f"{server.host}:{server.port}"
+from tests.skyrl.deployment import HF_PATH, SERVED
 
 
 @pytest.fixture

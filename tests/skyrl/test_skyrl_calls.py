@@ -16,7 +16,7 @@ from skyrl.backends.skyrl_train.weight_sync import BroadcastInitInfo, BroadcastW
 from proxy.skyrl import SidecarError, SidecarInferenceEngine
 from tests.fake_vllm import FakeVLLM, error_body, respond
 from tests.sidecar import MakeSidecar, Sidecar
-from tests.skyrl.conftest import HF_PATH, SERVED, hostport
+from tests.skyrl.deployment import HF_PATH, SERVED, hostport
 from tests.skyrl.seed import SEED_PROMPTS
 
 pytestmark = pytest.mark.skyrl

@@ -10,7 +10,7 @@ from skyrl.train.config import SkyRLTrainConfig
 from proxy.skyrl import SidecarError, SidecarInferenceEngine, create_sidecar_engines_from_config
 from tests.fake_vllm import FakeVLLM
 from tests.sidecar import Sidecar
-from tests.skyrl.conftest import HF_PATH, SERVED, hostport
+from tests.skyrl.deployment import HF_PATH, SERVED, hostport
 from tests.skyrl.seed import make_client
 
 pytestmark = pytest.mark.skyrl

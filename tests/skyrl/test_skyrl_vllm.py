@@ -12,7 +12,7 @@ from skyrl.backends.skyrl_train.inference_engines.remote_inference_engine import
 from proxy.skyrl import SidecarInferenceEngine
 from tests.e2e._servers import DevVllm
 from tests.sidecar import MakeSidecar
-from tests.skyrl.conftest import hostport
+from tests.skyrl.deployment import hostport
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skyrl]
 

@@ -6,40 +6,15 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import numpy as np
 import orjson
 import pytest
 from aiohttp import web
 from skyrl.backends.skyrl_train.inference_servers.generate_wire import pack_routed_experts
-from skyrl.backends.skyrl_train.inference_servers.remote_inference_client import (
-    RemoteInferenceClient,
-)
 
-from proxy.skyrl import SidecarInferenceClient
 from tests.fake_vllm import FakeVLLM, json_response
-from tests.sidecar import Sidecar
-
-SERVED = "Qwen2.5-0.5B"
-HF_PATH = "Qwen/Qwen2.5-0.5B"
-LORA = "skyrl-lora"
-
-
-def url(sidecar: Sidecar) -> str:
-    return str(sidecar.client.make_url("")).rstrip("/")
-
-
-def stock(base: str, model: str = HF_PATH) -> RemoteInferenceClient:
-    return RemoteInferenceClient(
-        proxy_url=base, server_urls=[base], data_parallel_size=1, model_name=model
-    )
-
-
-def companion(base: str, model: str = HF_PATH, **options: Any) -> SidecarInferenceClient:
-    return SidecarInferenceClient(
-        proxy_url=base, server_urls=[base], data_parallel_size=1, model_name=model, **options
-    )
+from tests.skyrl04.clients import HF_PATH, LORA, SERVED
 
 
 async def generate(request: web.Request) -> web.Response:

@@ -18,7 +18,7 @@ import pytest
 from tests.e2e._servers import DevVllm
 from tests.e2e._support import metric
 from tests.sidecar import MakeSidecar, Sidecar
-from tests.skyrl04.conftest import companion, stock, url
+from tests.skyrl04.clients import companion, stock, url
 from tests.support import eventually
 
 pytestmark = pytest.mark.vllm

@@ -18,7 +18,7 @@ from proxy.skyrl import (
 )
 from tests.fake_vllm import FakeVLLM
 from tests.sidecar import Sidecar
-from tests.skyrl04.conftest import HF_PATH, SERVED, stock, url
+from tests.skyrl04.clients import HF_PATH, SERVED, stock, url
 
 
 def config(servers: list[str] | None, proxy: str | None = None, **ie: Any) -> SkyRLTrainConfig:

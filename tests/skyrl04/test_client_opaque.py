@@ -11,7 +11,7 @@ from aiohttp import web
 from proxy.skyrl import RetryPolicy, SidecarError
 from tests.fake_vllm import FakeVLLM, respond
 from tests.sidecar import Sidecar
-from tests.skyrl04.conftest import companion, stock, url
+from tests.skyrl04.clients import companion, stock, url
 
 
 async def chunked_world_size(request: web.Request) -> web.StreamResponse:

@@ -9,7 +9,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from proxy.skyrl import RetryPolicy, SidecarError
-from tests.skyrl04.conftest import companion
+from tests.skyrl04.clients import companion
 
 FAST = RetryPolicy(attempts=4, base_s=0.01)
 

@@ -14,7 +14,7 @@ from skyrl.backends.skyrl_train.inference_servers.remote_inference_client import
 from proxy.skyrl import SidecarError, SidecarInferenceClient
 from tests.fake_vllm import FakeVLLM
 from tests.sidecar import Sidecar
-from tests.skyrl04.conftest import HF_PATH, LORA, SERVED, companion, stock, url
+from tests.skyrl04.clients import HF_PATH, LORA, SERVED, companion, stock, url
 
 Call = Callable[[RemoteInferenceClient], Awaitable[Any]]
 MESSAGES = [{"role": "user", "content": "hi"}]

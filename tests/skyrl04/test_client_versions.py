@@ -8,7 +8,7 @@ from aiohttp import web
 
 from tests.fake_vllm import FakeVLLM, json_response
 from tests.sidecar import Sidecar
-from tests.skyrl04.conftest import companion, stock, url
+from tests.skyrl04.clients import companion, stock, url
 
 
 async def versioned(request: web.Request) -> web.Response:

@@ -10,7 +10,7 @@ import pytest
 from proxy.skyrl import SidecarError, SidecarInferenceClient
 from tests.e2e._servers import DevVllm
 from tests.sidecar import MakeSidecar, Sidecar
-from tests.skyrl04.conftest import companion, stock, url
+from tests.skyrl04.clients import companion, stock, url
 
 pytestmark = pytest.mark.vllm
 
