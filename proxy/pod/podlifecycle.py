@@ -20,7 +20,7 @@ from proxy.core import phase
 from proxy.engine.state import Call, EngineState
 from proxy.engine.steps import LocalSteps
 
-from .podstate import Channel, Message
+from .channel import Channel, Message
 
 log = logging.getLogger("proxy.podlifecycle")  # its name before the layers: kept for filters
 

@@ -31,9 +31,10 @@ from proxy.observe.metrics import METRICS, Metrics, WorkerMetrics
 from proxy.wiring.app import create_app
 from proxy.wiring.server import flushing_logs_until
 
+from .channel import Channel, Message
 from .multiproc import pod_registry, process_gone
+from .poddiscovery import PodDiscovery
 from .podlifecycle import PodCalls
-from .podstate import Channel, Message, PodDiscovery
 
 log = logging.getLogger("proxy.supervisor")  # its name before the layers: kept for filters
 

@@ -30,10 +30,11 @@ from proxy.upstream.discovery import Discovery
 from proxy.wiring import server
 from proxy.wiring.app import create_app
 
+from .channel import Channel, Message
+from .poddiscovery import AskSupervisor
+from .poddiscovery import follow as follow_discovery
 from .podlifecycle import Relay
-from .podstate import AskSupervisor, Channel, Message
-from .podstate import follow as follow_discovery
-from .workers import shared_socket
+from .port import shared_socket
 
 log = logging.getLogger("proxy.worker")  # its name before the layers: kept for filters
 

@@ -1,4 +1,4 @@
-"""One pod, one view of the upstream: the supervisor's discovery, published to every worker.
+"""The pod's discovery: read once by the supervisor and published, mirrored by each worker.
 
 With `--workers N` the health check and `/v1/models` reads run once per pod, in the supervisor,
 so that N workers neither multiply the upstream's probe traffic nor disagree about the served
@@ -9,16 +9,12 @@ meets an unknown name asks the supervisor to re-read, and gets the answer on the
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import itertools
 import logging
-import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
-import orjson
 from yarl import URL
 
 from proxy.config.settings import Settings
@@ -26,56 +22,9 @@ from proxy.core.resolution import ServedModel
 from proxy.observe.metrics import Metrics
 from proxy.upstream.discovery import Discovery, read_bound
 
+from .channel import Channel, Message
+
 log = logging.getLogger("proxy.podstate")  # its name before the layers: kept for filters
-
-Message = dict[str, Any]
-LINE_LIMIT = 16 << 20  # the served list and aliases of one upstream; far below this
-
-
-class Channel:
-    """JSON lines both ways over one connected socket; EOF means the other process is gone.
-
-    A message with `ask` wants an answer: the other side sends one with `reply` set to it."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._reader, self._writer = reader, writer
-        self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[Message]] = {}
-
-    @classmethod
-    async def open(cls, sock: socket.socket) -> Channel:
-        reader, writer = await asyncio.open_unix_connection(sock=sock, limit=LINE_LIMIT)
-        return cls(reader, writer)
-
-    def send(self, message: Message) -> None:
-        if not self._writer.is_closing():
-            self._writer.write(orjson.dumps(message) + b"\n")
-
-    async def receive(self) -> Message | None:
-        """The next message; an answer to `ask` also goes to the one waiting for it."""
-        line = await self._reader.readline()
-        if not line:
-            return None
-        message: Message = orjson.loads(line)
-        waiter = self._waiting.pop(message.get("reply", 0), None)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(message)
-        return message
-
-    async def ask(self, message: Message, *, within: float) -> Message | None:
-        """Send `message` and wait for its answer; None when none came `within` seconds."""
-        ask_id = next(self._ids)
-        answered = self._waiting[ask_id] = asyncio.get_running_loop().create_future()
-        self.send({**message, "ask": ask_id})
-        try:
-            return await asyncio.wait_for(answered, within)
-        except TimeoutError:
-            return None
-        finally:
-            self._waiting.pop(ask_id, None)
-
-    def close(self) -> None:
-        self._writer.close()
 
 
 def snapshot(discovery: Discovery) -> Message:

@@ -1,4 +1,4 @@
-"""A worker's discovery taking the supervisor's published states (`proxy/pod/podstate.py`)."""
+"""A worker's discovery taking the supervisor's published states (`proxy/pod/poddiscovery.py`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from yarl import URL
 
 from proxy.config.settings import Settings
 from proxy.observe.metrics import Metrics
-from proxy.pod.podstate import follow
+from proxy.pod.poddiscovery import follow
 from proxy.upstream.discovery import Discovery
 
 
