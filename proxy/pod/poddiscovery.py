@@ -3,8 +3,9 @@
 With `--workers N` the health check and `/v1/models` reads run once per pod, in the supervisor,
 so that N workers neither multiply the upstream's probe traffic nor disagree about the served
 names (a worker that had refreshed after a LoRA load would resolve differently from one that
-had not). Each change goes to every worker as one JSON line over a socket pair; a worker that
-meets an unknown name asks the supervisor to re-read, and gets the answer on the same line.
+had not). Each change goes to every worker as a `DiscoveryChanged` over its channel; a worker
+that meets an unknown name asks the supervisor to re-read (`RefreshModels`), and gets the answer
+on the same channel.
 """
 
 from __future__ import annotations
@@ -18,23 +19,20 @@ import aiohttp
 from yarl import URL
 
 from proxy.config.settings import Settings
-from proxy.core.resolution import ServedModel
 from proxy.observe.metrics import Metrics
 from proxy.upstream.discovery import Discovery, read_bound
 
-from .channel import Channel, Message
+from .channel import Channel
+from .messages import DiscoveryChanged, DiscoveryState, RefreshModels
 
 log = logging.getLogger("proxy.podstate")  # its name before the layers: kept for filters
 
 
-def snapshot(discovery: Discovery) -> Message:
+def state_of(discovery: Discovery) -> DiscoveryState:
     """What a worker needs to resolve names and report readiness exactly as the supervisor."""
-    return {
-        "served": [[m.id, m.root] for m in discovery.table.served],
-        "models_known": discovery.models_known,
-        "healthy": discovery.healthy,
-        "last_error": discovery.last_error,
-    }
+    return DiscoveryState(
+        discovery.table.served, discovery.models_known, discovery.healthy, discovery.last_error
+    )
 
 
 class PodDiscovery(Discovery):
@@ -47,16 +45,16 @@ class PodDiscovery(Discovery):
         metrics: Metrics,
         base: URL,
         *,
-        publish: Callable[[Message], None],
+        publish: Callable[[DiscoveryState], None],
         live_workers: Callable[[], int],
     ) -> None:
         super().__init__(settings, metrics, base, on_change=self._changed)
         self._publish, self._live_workers = publish, live_workers
-        self.state = snapshot(self)
+        self.state = state_of(self)
 
     def _changed(self) -> None:
         # Where health changes, also when a check itself failed (discovery's guarded loop).
-        state = snapshot(self)
+        state = state_of(self)
         if state != self.state:
             self.state = state
             self._publish(state)
@@ -71,13 +69,10 @@ class PodDiscovery(Discovery):
         return ready, detail
 
 
-def follow(discovery: Discovery, state: Message) -> None:
+def follow(discovery: Discovery, state: DiscoveryState) -> None:
     """A worker's discovery takes the supervisor's state as it arrives."""
     discovery.mirror(
-        [ServedModel(i, r) for i, r in state["served"]],
-        known=state["models_known"],
-        healthy=state["healthy"],
-        error=state["last_error"],
+        state.served, known=state.models_known, healthy=state.healthy, error=state.last_error
     )
 
 
@@ -92,7 +87,7 @@ class AskSupervisor:
         """Ask, and wait: the answer carries the state, applied by `worker.follow` before this
         returns. `refresh` and `refresh_on_miss` stay Discovery's, single-flight as alone."""
         within = read_bound(self._discovery.settings)
-        if await self._channel.ask({"miss": True}, within=within) is None:
+        if await self._channel.ask(RefreshModels(), DiscoveryChanged, within=within) is None:
             log.warning("the supervisor did not answer a refresh request in time")
         return self._discovery.models_known
 

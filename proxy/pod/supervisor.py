@@ -31,7 +31,24 @@ from proxy.observe.metrics import METRICS, Metrics, WorkerMetrics
 from proxy.wiring.app import create_app
 from proxy.wiring.server import flushing_logs_until
 
-from .channel import Channel, Message
+from .channel import Channel
+from .messages import (
+    Answered,
+    DiscoveryChanged,
+    DiscoveryState,
+    Drain,
+    Drained,
+    EngineChanged,
+    Enter,
+    Failed,
+    Frame,
+    Hello,
+    Leave,
+    Listening,
+    Message,
+    RefreshModels,
+    encode,
+)
 from .multiproc import pod_registry, process_gone
 from .poddiscovery import PodDiscovery
 from .podlifecycle import PodCalls
@@ -99,19 +116,20 @@ class Supervisor:
         """The pod's lead copy: each change of its state is published to every worker."""
         engine = self.lifecycle = Lifecycle(metrics, role=POD_LEAD, **kwargs)
         state = engine.state
-        state.listeners.append(lambda _: self._send_all({**state.snapshot()}))
+        state.listeners.append(lambda _: self._send_all(EngineChanged(state.snapshot())))
         self.calls = PodCalls(LocalSteps(state, lambda: engine.probe))
         return engine
 
     def _live(self) -> int:
         return sum(w.listening and w.proc.returncode is None for w in self.workers.values())
 
-    def _broadcast(self, state: Message) -> None:
-        self._send_all({"state": state})
+    def _broadcast(self, state: DiscoveryState) -> None:
+        self._send_all(DiscoveryChanged(state))
 
     def _send_all(self, message: Message) -> None:
+        line = encode(Frame(message))  # once: 50,001 served names take a while to encode
         for worker in self.workers.values():
-            worker.channel.send(message)
+            worker.channel.write(line)
 
     async def run(self) -> None:
         stop = asyncio.Event()
@@ -158,13 +176,7 @@ class Supervisor:
             )
         channel = await Channel.open(ours)
         worker = self.workers[index] = Worker(index, proc, channel)
-        channel.send(
-            {
-                "settings": self.settings.for_worker(),
-                "state": self.discovery.state,
-                **self.lifecycle.state.snapshot(),
-            }
-        )
+        channel.send(Hello(self.settings, self.discovery.state, self.lifecycle.state.snapshot()))
         worker.tasks = [
             asyncio.create_task(self._converse(worker)),
             asyncio.create_task(self._watch(worker)),
@@ -175,17 +187,24 @@ class Supervisor:
         """A worker's messages: it listens now, it met an unknown name, or it relays a step of
         a control call. One at a time, in order: a call's steps must be taken as sent."""
         channel = worker.channel
-        while (message := await channel.receive()) is not None:
-            if "listening" in message:
-                worker.listening = True
-                self.metrics.live.set(self._live())
-            elif "miss" in message:
-                await self.discovery.refresh_on_miss()
-                channel.send({"state": self.discovery.state, "reply": message["ask"]})
-            elif "lifecycle" in message:
-                answer = await self.calls.relayed(worker.index, message["lifecycle"])
-                if "ask" in message:
-                    channel.send({**answer, "reply": message["ask"]})
+        while (frame := await channel.receive()) is not None:
+            match frame.message:
+                case Listening():
+                    worker.listening = True
+                    self.metrics.live.set(self._live())
+                case RefreshModels():
+                    await self.discovery.refresh_on_miss()
+                    channel.answer(frame, DiscoveryChanged(self.discovery.state))
+                case Enter() | Answered() | Failed() | Leave() as step:
+                    channel.answer(frame, await self.calls.relayed(worker.index, step))
+                case Drained():
+                    pass  # an answer, taken by the drain that asked (`Channel.ask`)
+                case other:
+                    log.error(
+                        "worker %d sent %s, a message for workers",
+                        worker.index,
+                        type(other).__name__,
+                    )
 
     async def _watch(self, worker: Worker) -> None:
         """Wait for the worker to exit; unless the pod is stopping, count it and start another."""
@@ -219,9 +238,9 @@ class Supervisor:
         once all have answered, or their grace is over."""
         self.pod[IN_FLIGHT].begin_draining()  # /readyz: draining
         wait = self.settings.shutdown_grace + EXIT_SLACK
-        asks = [w.channel.ask({"drain": True}, within=wait) for w in self.workers.values()]
+        asks = [w.channel.ask(Drain(), Drained, within=wait) for w in self.workers.values()]
         answers = await asyncio.gather(*asks)
-        return sum(int(a["in_flight"]) for a in answers if a is not None)
+        return sum(a.in_flight for a in answers if a is not None)
 
     async def _drain(self) -> None:
         """SIGTERM to every worker (each drains like one sidecar), then wait for them all."""
