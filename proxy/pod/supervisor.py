@@ -6,13 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import socket
-import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -52,31 +48,12 @@ from .messages import (
 from .multiproc import pod_registry, process_gone
 from .poddiscovery import PodDiscovery
 from .podlifecycle import PodCalls
+from .processes import Worker, describe, quick_deaths, restart_delay, start_process
 
 log = logging.getLogger("proxy.supervisor")  # its name before the layers: kept for filters
 
 # Past the grace period a worker cancels what is left and exits; this is its time to do so.
 EXIT_SLACK = 10.0
-STEADY = 10.0  # a worker that ran this long before dying is restarted at once
-MAX_BACKOFF = 5.0
-# Workers run this very package: `-P` keeps the working directory (which may hold another
-# `proxy`) off their path, and this package's directory is added after any PYTHONPATH.
-PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding proxy/
-
-
-def _worker_env() -> dict[str, str]:
-    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([*path, PACKAGE_ROOT])}
-
-
-@dataclass
-class Worker:
-    index: int
-    proc: asyncio.subprocess.Process
-    channel: Channel
-    started: float = field(default_factory=time.monotonic)
-    listening: bool = False
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
 class Supervisor:
@@ -164,16 +141,7 @@ class Supervisor:
     async def _start(self, index: int) -> None:
         ours, theirs = socket.socketpair()
         with theirs:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-P",
-                "-m",
-                "proxy.pod.worker",
-                str(theirs.fileno()),
-                pass_fds=(theirs.fileno(),),
-                stdin=asyncio.subprocess.DEVNULL,
-                env=_worker_env(),
-            )
+            proc = await start_process(theirs)
         channel = await Channel.open(ours)
         worker = self.workers[index] = Worker(index, proc, channel)
         channel.send(Hello(self.settings, self.discovery.state, self.lifecycle.state.snapshot()))
@@ -216,15 +184,14 @@ class Supervisor:
         if self.stopping:
             return
         lived = time.monotonic() - worker.started
-        quick = self.quick_deaths[worker.index] = (
-            0 if lived >= STEADY else self.quick_deaths.get(worker.index, 0) + 1
-        )
-        delay = 0.0 if quick == 0 else min(MAX_BACKOFF, 0.1 * 2**quick)
+        quick = quick_deaths(lived, self.quick_deaths.get(worker.index, 0))
+        self.quick_deaths[worker.index] = quick
+        delay = restart_delay(quick)
         log.error(
             "worker %d (pid %d) exited with %s after %.1fs; starting another in %.1fs",
             worker.index,
             worker.proc.pid,
-            _describe(code),
+            describe(code),
             lived,
             delay,
         )
@@ -263,10 +230,3 @@ class Supervisor:
         for worker in self.workers.values():
             for task in worker.tasks:
                 task.cancel()
-
-
-def _describe(code: int) -> str:
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return signal.Signals(-code).name
-    return f"status {code}"
