@@ -1,5 +1,4 @@
-"""The socket pair between the supervisor and one worker: frames as lines both ways, asks and
-their answers."""
+"""The channel between the supervisor and one worker: frames both ways, asks and their answers."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""`--workers N` starts here: the metrics directory and the reserved port, set up before anything
-imports prometheus_client; then the supervisor runs (`supervisor`)."""
+"""The start of `--workers N`: the metrics directory and the port, then the supervisor.
+
+Both are set up before anything imports prometheus_client, which picks its multiprocess mode
+when it is first imported."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""A worker's process as the supervisor runs it: how one starts, how its exit reads, and how
-long to wait before starting the next one."""
+"""A worker's process: how one starts, how its exit reads, how long until the next one starts."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The supervisor of `--workers N`: starts the workers, restarts the ones that die, serves the
-pod's admin port, runs discovery once for all of them, and drains them all on SIGTERM."""
+"""The supervisor of `--workers N`: the pod's workers, admin port, discovery and engine phase.
+
+It starts the workers, restarts the ones that die, serves the pod's admin port, runs discovery
+and the engine phase once for all of them, and drains them all on SIGTERM."""
 
 from __future__ import annotations
 
