@@ -17,15 +17,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         settings.log_level, settings.log_format, access_log=settings.access_log, shared=shared
     )
     # Imported only now: with several workers, prometheus_client must first see its
-    # multiprocess directory (see `workers`).
+    # multiprocess directory (see `pod.launch`).
     if settings.workers == 1:
         from proxy.wiring import server
 
         server.run(settings)
     else:
-        from proxy.pod import workers
+        from proxy.pod import launch
 
-        workers.run(settings)
+        launch.run(settings)
 
 
 if __name__ == "__main__":

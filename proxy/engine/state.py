@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, TypedDict
+from typing import Literal
 
 from proxy.core import phase
 from proxy.core.errors import (
@@ -52,10 +52,11 @@ POD_LEAD = Role(leads=True, serves=False)  # the supervisor of `--workers N`
 FOLLOWER = Role(leads=False, serves=True)  # a worker: mirrors the supervisor's state
 
 
-class Snapshot(TypedDict):
-    """The state a worker mirrors, as it goes over the supervisor's channel."""
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The state a follower mirrors: the lead's phase, weight version and "vLLM is down"."""
 
-    engine: list[str | bool]  # [base, syncing]
+    engine: Engine
     version: str | None
     down: str | None
 
@@ -147,18 +148,13 @@ class EngineState:
         self._tell("version", self.phase)
 
     def snapshot(self) -> Snapshot:
-        return {
-            "engine": [self.engine.base, self.engine.syncing],
-            "version": self.version,
-            "down": self.down,
-        }
+        return Snapshot(self.engine, self.version, self.down)
 
     def follow(self, snap: Snapshot) -> None:
         """Take the pod's state as the supervisor sent it (a worker's)."""
-        base, syncing = snap["engine"]
-        self.set(Engine(str(base), bool(syncing)), "the pod's phase")
-        self.set_version(snap["version"])
-        self.engine_down(snap.get("down"))
+        self.set(snap.engine, "the pod's phase")
+        self.set_version(snap.version)
+        self.engine_down(snap.down)
 
     # -- the steps of a control call, taken where the pod's state is kept ---------------------
     def enter(self, path: str) -> Call:

@@ -1,1 +1,1 @@
-"""`--workers N`: the supervisor, its workers, their channel, pod-wide state and metrics."""
+"""`--workers N`: the supervisor, its workers, their messages, pod-wide state and metrics."""

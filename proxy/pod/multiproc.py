@@ -1,5 +1,6 @@
-"""The pod's `/metrics` with `--workers N`: prometheus_client's multiprocess mode, every process's
-files merged by the library's own MultiProcessCollector."""
+"""The pod's `/metrics`: every process's samples, merged in prometheus_client's multiprocess mode.
+
+The library's own MultiProcessCollector merges the files each process writes."""
 
 from __future__ import annotations
 

@@ -15,18 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TypeVar
 
 from proxy.core import phase
 from proxy.engine.state import Call, EngineState
 from proxy.engine.steps import LocalSteps
 
-from .podstate import Channel, Message
+from .channel import Channel
+from .messages import Answered, Enter, Entered, Failed, Leave, Step, StepTaken
 
 log = logging.getLogger("proxy.podlifecycle")  # its name before the layers: kept for filters
 
 # A step may wait for the supervisor's probe of vLLM (at most 5 s each) after the answer.
 STEP_TIMEOUT = 15.0
 UNKNOWN: Call = 0  # a call the supervisor did not number (it did not answer in time)
+Taken = TypeVar("Taken", Entered, StepTaken)
 
 
 class PodCalls:
@@ -37,22 +40,21 @@ class PodCalls:
         self.steps = steps
         self.by_worker: dict[int, set[Call]] = {}
 
-    async def relayed(self, worker: int, step: Message) -> Message:
+    async def relayed(self, worker: int, step: Step) -> Entered | StepTaken:
         """One step of a control call a worker relays; its answer once every worker was told."""
-        kind, path = step["step"], step.get("path", "")
-        if kind == "enter":
-            call = await self.steps.enter(path)
+        if isinstance(step, Enter):
+            call = await self.steps.enter(step.path)
             self.by_worker.setdefault(worker, set()).add(call)
-            return {"call": call}
-        call = step["call"]
-        self.by_worker.get(worker, set()).discard(call)
-        if kind == "failed":
-            await self.steps.failed(call, path)
-        elif kind == "answered":
-            await self.steps.answered(call, path, step.get("query", ""))
-        else:
-            self.steps.leave(call)
-        return {}
+            return Entered(call)
+        self.by_worker.get(worker, set()).discard(step.call)
+        match step:
+            case Failed(call=call, path=path):
+                await self.steps.failed(call, path)
+            case Answered(call=call, path=path, query=query):
+                await self.steps.answered(call, path, query)
+            case Leave(call=call):
+                self.steps.leave(call)
+        return StepTaken()
 
     def worker_gone(self, worker: int) -> None:
         """A worker died with calls open: their phases stand, as when a caller hangs up."""
@@ -67,14 +69,14 @@ class Relay:
     def __init__(self, state: EngineState, channel: Channel) -> None:
         self.state, self._channel = state, channel
 
-    async def _step(self, step: Message) -> Message | None:
-        reply = await self._channel.ask({"lifecycle": step}, within=STEP_TIMEOUT)
+    async def _step(self, step: Enter | Answered | Failed, answer: type[Taken]) -> Taken | None:
+        reply = await self._channel.ask(step, answer, within=STEP_TIMEOUT)
         if reply is None:
-            log.error("the supervisor did not take the step %s of %s", step["step"], step["path"])
+            log.error("the supervisor did not take the step %s of %s", step.type, step.path)
         return reply
 
     async def enter(self, path: str) -> Call:
-        asking = asyncio.ensure_future(self._step({"step": "enter", "path": path}))
+        asking = asyncio.ensure_future(self._step(Enter(path), Entered))
         try:
             reply = await asyncio.shield(asking)
         except asyncio.CancelledError:
@@ -85,19 +87,18 @@ class Relay:
         if reply is None:  # the safe side: this worker at least enters the phase
             self.state.set(phase.on_send(self.state.engine, path), f"{path} sent")
             return UNKNOWN
-        return int(reply["call"])
+        return reply.call
 
-    def _unsent(self, asking: asyncio.Future[Message | None], path: str) -> None:
+    def _unsent(self, asking: asyncio.Future[Entered | None], path: str) -> None:
         reply = None if asking.cancelled() or asking.exception() else asking.result()
         if reply is not None:
-            step = {"step": "failed", "call": int(reply["call"]), "path": path}
-            self._channel.send({"lifecycle": step})
+            self._channel.send(Failed(reply.call, path))
 
     def leave(self, call: Call) -> None:
-        self._channel.send({"lifecycle": {"step": "leave", "call": call}})
+        self._channel.send(Leave(call))
 
     async def failed(self, call: Call, path: str) -> None:
-        await self._step({"step": "failed", "call": call, "path": path})
+        await self._step(Failed(call, path), StepTaken)
 
     async def answered(self, call: Call, path: str, query: str) -> None:
-        await self._step({"step": "answered", "call": call, "path": path, "query": query})
+        await self._step(Answered(call, path, query), StepTaken)

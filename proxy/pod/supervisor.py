@@ -1,18 +1,16 @@
-"""The supervisor of `--workers N`: starts the workers, restarts the ones that die, serves the
-pod's admin port, runs discovery once for all of them, and drains them all on SIGTERM."""
+"""The supervisor of `--workers N`: the pod's workers, admin port, discovery and engine phase.
+
+It starts the workers, restarts the ones that die, serves the pod's admin port, runs discovery
+and the engine phase once for all of them, and drains them all on SIGTERM."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import socket
-import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -31,34 +29,33 @@ from proxy.observe.metrics import METRICS, Metrics, WorkerMetrics
 from proxy.wiring.app import create_app
 from proxy.wiring.server import flushing_logs_until
 
+from .channel import Channel
+from .messages import (
+    Answered,
+    DiscoveryChanged,
+    DiscoveryState,
+    Drain,
+    Drained,
+    EngineChanged,
+    Enter,
+    Failed,
+    Frame,
+    Hello,
+    Leave,
+    Listening,
+    Message,
+    RefreshModels,
+    encode,
+)
 from .multiproc import pod_registry, process_gone
+from .poddiscovery import PodDiscovery
 from .podlifecycle import PodCalls
-from .podstate import Channel, Message, PodDiscovery
+from .processes import Worker, describe, quick_deaths, restart_delay, start_process
 
 log = logging.getLogger("proxy.supervisor")  # its name before the layers: kept for filters
 
 # Past the grace period a worker cancels what is left and exits; this is its time to do so.
 EXIT_SLACK = 10.0
-STEADY = 10.0  # a worker that ran this long before dying is restarted at once
-MAX_BACKOFF = 5.0
-# Workers run this very package: `-P` keeps the working directory (which may hold another
-# `proxy`) off their path, and this package's directory is added after any PYTHONPATH.
-PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding proxy/
-
-
-def _worker_env() -> dict[str, str]:
-    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([*path, PACKAGE_ROOT])}
-
-
-@dataclass
-class Worker:
-    index: int
-    proc: asyncio.subprocess.Process
-    channel: Channel
-    started: float = field(default_factory=time.monotonic)
-    listening: bool = False
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
 class Supervisor:
@@ -98,19 +95,20 @@ class Supervisor:
         """The pod's lead copy: each change of its state is published to every worker."""
         engine = self.lifecycle = Lifecycle(metrics, role=POD_LEAD, **kwargs)
         state = engine.state
-        state.listeners.append(lambda _: self._send_all({**state.snapshot()}))
+        state.listeners.append(lambda _: self._send_all(EngineChanged(state.snapshot())))
         self.calls = PodCalls(LocalSteps(state, lambda: engine.probe))
         return engine
 
     def _live(self) -> int:
         return sum(w.listening and w.proc.returncode is None for w in self.workers.values())
 
-    def _broadcast(self, state: Message) -> None:
-        self._send_all({"state": state})
+    def _broadcast(self, state: DiscoveryState) -> None:
+        self._send_all(DiscoveryChanged(state))
 
     def _send_all(self, message: Message) -> None:
+        line = encode(Frame(message))  # once: 50,001 served names take a while to encode
         for worker in self.workers.values():
-            worker.channel.send(message)
+            worker.channel.write(line)
 
     async def run(self) -> None:
         stop = asyncio.Event()
@@ -145,25 +143,10 @@ class Supervisor:
     async def _start(self, index: int) -> None:
         ours, theirs = socket.socketpair()
         with theirs:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-P",
-                "-m",
-                "proxy.pod.worker",
-                str(theirs.fileno()),
-                pass_fds=(theirs.fileno(),),
-                stdin=asyncio.subprocess.DEVNULL,
-                env=_worker_env(),
-            )
+            proc = await start_process(theirs)
         channel = await Channel.open(ours)
         worker = self.workers[index] = Worker(index, proc, channel)
-        channel.send(
-            {
-                "settings": self.settings.for_worker(),
-                "state": self.discovery.state,
-                **self.lifecycle.state.snapshot(),
-            }
-        )
+        channel.send(Hello(self.settings, self.discovery.state, self.lifecycle.state.snapshot()))
         worker.tasks = [
             asyncio.create_task(self._converse(worker)),
             asyncio.create_task(self._watch(worker)),
@@ -174,17 +157,24 @@ class Supervisor:
         """A worker's messages: it listens now, it met an unknown name, or it relays a step of
         a control call. One at a time, in order: a call's steps must be taken as sent."""
         channel = worker.channel
-        while (message := await channel.receive()) is not None:
-            if "listening" in message:
-                worker.listening = True
-                self.metrics.live.set(self._live())
-            elif "miss" in message:
-                await self.discovery.refresh_on_miss()
-                channel.send({"state": self.discovery.state, "reply": message["ask"]})
-            elif "lifecycle" in message:
-                answer = await self.calls.relayed(worker.index, message["lifecycle"])
-                if "ask" in message:
-                    channel.send({**answer, "reply": message["ask"]})
+        while (frame := await channel.receive()) is not None:
+            match frame.message:
+                case Listening():
+                    worker.listening = True
+                    self.metrics.live.set(self._live())
+                case RefreshModels():
+                    await self.discovery.refresh_on_miss()
+                    channel.answer(frame, DiscoveryChanged(self.discovery.state))
+                case Enter() | Answered() | Failed() | Leave() as step:
+                    channel.answer(frame, await self.calls.relayed(worker.index, step))
+                case Drained():
+                    pass  # an answer, taken by the drain that asked (`Channel.ask`)
+                case other:
+                    log.error(
+                        "worker %d sent %s, a message for workers",
+                        worker.index,
+                        type(other).__name__,
+                    )
 
     async def _watch(self, worker: Worker) -> None:
         """Wait for the worker to exit; unless the pod is stopping, count it and start another."""
@@ -196,15 +186,14 @@ class Supervisor:
         if self.stopping:
             return
         lived = time.monotonic() - worker.started
-        quick = self.quick_deaths[worker.index] = (
-            0 if lived >= STEADY else self.quick_deaths.get(worker.index, 0) + 1
-        )
-        delay = 0.0 if quick == 0 else min(MAX_BACKOFF, 0.1 * 2**quick)
+        quick = quick_deaths(lived, self.quick_deaths.get(worker.index, 0))
+        self.quick_deaths[worker.index] = quick
+        delay = restart_delay(quick)
         log.error(
             "worker %d (pid %d) exited with %s after %.1fs; starting another in %.1fs",
             worker.index,
             worker.proc.pid,
-            _describe(code),
+            describe(code),
             lived,
             delay,
         )
@@ -218,9 +207,9 @@ class Supervisor:
         once all have answered, or their grace is over."""
         self.pod[IN_FLIGHT].begin_draining()  # /readyz: draining
         wait = self.settings.shutdown_grace + EXIT_SLACK
-        asks = [w.channel.ask({"drain": True}, within=wait) for w in self.workers.values()]
+        asks = [w.channel.ask(Drain(), Drained, within=wait) for w in self.workers.values()]
         answers = await asyncio.gather(*asks)
-        return sum(int(a["in_flight"]) for a in answers if a is not None)
+        return sum(a.in_flight for a in answers if a is not None)
 
     async def _drain(self) -> None:
         """SIGTERM to every worker (each drains like one sidecar), then wait for them all."""
@@ -243,10 +232,3 @@ class Supervisor:
         for worker in self.workers.values():
             for task in worker.tasks:
                 task.cancel()
-
-
-def _describe(code: int) -> str:
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return signal.Signals(-code).name
-    return f"status {code}"

@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 import sys
-from typing import Any, cast
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -22,7 +22,7 @@ from proxy.client.connections import CONNECTIONS
 from proxy.client.drain import IN_FLIGHT
 from proxy.config.settings import SETTINGS, Settings
 from proxy.engine.lifecycle import Lifecycle
-from proxy.engine.state import FOLLOWER, EngineState, Snapshot
+from proxy.engine.state import FOLLOWER, EngineState
 from proxy.observe import logs
 from proxy.observe.engine_metrics import EngineMetrics
 from proxy.observe.metrics import Metrics
@@ -30,10 +30,22 @@ from proxy.upstream.discovery import Discovery
 from proxy.wiring import server
 from proxy.wiring.app import create_app
 
+from .channel import Channel
+from .messages import (
+    DiscoveryChanged,
+    Drain,
+    Drained,
+    EngineChanged,
+    Entered,
+    Frame,
+    Hello,
+    Listening,
+    StepTaken,
+)
+from .poddiscovery import AskSupervisor
+from .poddiscovery import follow as follow_discovery
 from .podlifecycle import Relay
-from .podstate import AskSupervisor, Channel, Message
-from .podstate import follow as follow_discovery
-from .workers import shared_socket
+from .port import shared_socket
 
 log = logging.getLogger("proxy.worker")  # its name before the layers: kept for filters
 
@@ -63,20 +75,21 @@ class Mirror:
     def _relay(self, state: EngineState) -> Relay:
         return Relay(state, self._channel)
 
-    def apply(self, message: Message) -> None:
-        """The pod's state in a supervisor's message: discovery's, the engine's, or both."""
-        if "state" in message:
-            follow_discovery(self.discovery, message["state"])
-        if "engine" in message:
-            self.engine.follow(cast(Snapshot, message))
+    def start(self, hello: Hello) -> None:
+        """The pod's state as this worker starts."""
+        follow_discovery(self.discovery, hello.discovery)
+        self.engine.follow(hello.engine)
 
 
 async def main(sock: socket.socket) -> None:
     channel = await Channel.open(sock)
-    hello = await channel.receive()
-    if hello is None:  # the supervisor died before it said anything
+    first = await channel.receive()
+    if first is None:  # the supervisor died before it said anything
         return
-    settings = Settings.model_validate(hello["settings"])
+    if not isinstance(hello := first.message, Hello):
+        log.error("the supervisor's first message was %s, not its Hello", type(hello).__name__)
+        return
+    settings = hello.settings
     logs.setup(settings.log_level, settings.log_format, access_log=settings.access_log, shared=True)
     mirror = Mirror(channel)
     # The samples land in this process's files in the pod's multiprocess directory, which the
@@ -88,11 +101,11 @@ async def main(sock: socket.socket) -> None:
         lifecycle=mirror.make_lifecycle,
     )
     stop = asyncio.Event()
-    mirror.apply(hello)
+    mirror.start(hello)
     following = asyncio.create_task(follow(mirror, app, channel))
     following.add_done_callback(lambda _: stop.set())
     listening = shared_socket(settings.host, settings.port, listen=True)
-    channel.send({"listening": os.getpid()})
+    channel.send(Listening(os.getpid()))
     try:
         await server.serve(settings, stop=stop, proxy=app, listen=listening)
     finally:
@@ -103,20 +116,30 @@ async def main(sock: socket.socket) -> None:
 async def follow(mirror: Mirror, app: web.Application, channel: Channel) -> None:
     """Apply every state the supervisor sends, and drain when it asks, until it goes away."""
     draining: set[asyncio.Task[None]] = set()
-    while (message := await channel.receive()) is not None:
-        mirror.apply(message)
-        if "drain" in message:
-            task = asyncio.create_task(_drain(app, channel, message["ask"]))
-            draining.add(task)
-            task.add_done_callback(draining.discard)
+    while (frame := await channel.receive()) is not None:
+        match frame.message:
+            case DiscoveryChanged(state=state):
+                follow_discovery(mirror.discovery, state)
+            case EngineChanged(state=snapshot):
+                mirror.engine.follow(snapshot)
+            case Drain():
+                task = asyncio.create_task(_drain(app, channel, frame))
+                draining.add(task)
+                task.add_done_callback(draining.discard)
+            case Entered() | StepTaken():
+                pass  # answers, taken by the step that asked (`Channel.ask`)
+            case other:
+                log.error(
+                    "the supervisor sent %s, not a message for a worker", type(other).__name__
+                )
     log.warning("the supervisor is gone: this worker stops")
 
 
-async def _drain(app: web.Application, channel: Channel, ask: int) -> None:
+async def _drain(app: web.Application, channel: Channel, asked: Frame) -> None:
     """The admin port's `POST /drain`, for this worker: no new requests, those in flight end."""
     app[CONNECTIONS].start_draining()
     left = await app[IN_FLIGHT].settle(app[SETTINGS].shutdown_grace)
-    channel.send({"reply": ask, "in_flight": left})
+    channel.answer(asked, Drained(left))
 
 
 def run() -> None:

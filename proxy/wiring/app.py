@@ -80,7 +80,7 @@ def create_app(
     """The proxy application: every method and path is forwarded to the upstream.
 
     `discovery` and `lifecycle` make the served-name and health tracker and the engine's phase;
-    with `--workers N` the supervisor's publish to the workers', which follow (`podstate`)."""
+    with `--workers N` the supervisor's publish to the workers', which follow (`poddiscovery`)."""
     # A body up to the limit must reach the handler, which answers 413 with an envelope itself.
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[_every_target])
     metrics = Metrics(registry if registry is not None else CollectorRegistry())

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.core.errors import EnginePaused, EngineSleeping, UpstreamUnreachable, WeightSync
 from proxy.core.phase import PAUSED, SERVING, SLEEPING, WEIGHT_SYNC, Engine, next_version
-from proxy.engine.state import ALONE, FOLLOWER, Change, EngineState, Role
+from proxy.engine.state import ALONE, FOLLOWER, Change, EngineState, Role, Snapshot
 from proxy.observe.engine_metrics import EngineMetrics
 
 
@@ -171,11 +171,7 @@ def test_a_follower_takes_the_snapshot_it_is_sent() -> None:
     assert (
         follower.snapshot()
         == lead.snapshot()
-        == {
-            "engine": [PAUSED, False],
-            "version": "v2",
-            "down": "reset",
-        }
+        == Snapshot(Engine(PAUSED, syncing=False), version="v2", down="reset")
     )
     assert [c.kind for c in changes] == ["engine", "version", "down"]
     assert follower.calls == 0  # calls are the lead's

@@ -1,4 +1,4 @@
-"""A worker's discovery taking the supervisor's published states (`proxy/pod/podstate.py`)."""
+"""A worker's discovery taking the supervisor's published states (`proxy/pod/poddiscovery.py`)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,17 @@ from prometheus_client import CollectorRegistry
 from yarl import URL
 
 from proxy.config.settings import Settings
+from proxy.core.resolution import ServedModel
 from proxy.observe.metrics import Metrics
-from proxy.pod.podstate import follow
+from proxy.pod.messages import DiscoveryState
+from proxy.pod.poddiscovery import follow
 from proxy.upstream.discovery import Discovery
 
 
-def state(served: list[list[str | None]], *, healthy: bool = True) -> dict[str, object]:
+def state(served: list[list[str | None]], *, healthy: bool = True) -> DiscoveryState:
     error = None if healthy else "/health answered 503"
-    return {"served": served, "models_known": True, "healthy": healthy, "last_error": error}
+    models = tuple(ServedModel(str(name), root) for name, root in served)
+    return DiscoveryState(models, models_known=True, healthy=healthy, last_error=error)
 
 
 def worker() -> Discovery:
