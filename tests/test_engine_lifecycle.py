@@ -12,7 +12,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from proxy.engine.lifecycle import LIFECYCLE
-from tests.fake_vllm import FakeVLLM, hang, raw, respond, sse_chunk, start_sse
+from tests.fake_vllm import FakeVLLM, hang, raw, respond, sse_chunk, sse_then_drop, start_sse
 from tests.sidecar import COMPLETION, MakeSidecar, Sidecar, control
 from tests.support import eventually
 
@@ -432,3 +432,24 @@ async def test_the_control_token_is_not_sent_to_vllm_as_its_api_key(
     client = {"Authorization": "Bearer the-clients-own"}
     await sidecar.client.post("/v1/completions", json=COMPLETION, headers=client)
     assert fake.last("/v1/completions").headers["Authorization"] == "Bearer the-clients-own"
+
+
+async def test_a_straddling_stream_that_breaks_ends_with_its_error_and_nothing_after(
+    lifecycle: Sidecar, fake: FakeVLLM, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The version changed while it ran, then vLLM dropped it: the error event and [DONE] end
+    it. The version-change event was written after the stream had ended (write_eof): an
+    unhandled exception in the handler."""
+    fake.script("POST /v1/completions", sse_then_drop(events=6, delay=0.1))
+    async with lifecycle.client.post("/v1/completions", json=STREAM) as resp:
+        await resp.content.readuntil(b"\n\n")
+        await control(lifecycle, "/pause?mode=keep")
+        await control(lifecycle, "/start_weight_update")
+        await control(lifecycle, "/finish_weight_update", json={"weight_version": "v2"})
+        await control(lifecycle, "/resume")
+        events = [e for e in (await resp.text()).split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2].removeprefix("data: "))["error"]["reason"] == (
+        "upstream_disconnected"
+    )
+    assert "write_eof" not in caplog.text

@@ -130,6 +130,7 @@ async def stream_reply(
                 request.transport.close()
             return out
         await stream.end_with(failure, _info(rec, flow.discovery))
+        return out  # ended: an error event and [DONE], nothing after them
     if stream.client_gone:
         return out
     if sse and (tail := flow.engine.tail()):
