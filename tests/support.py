@@ -4,22 +4,51 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import random
 import socket
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Generator
+from pathlib import Path
 from typing import TypeVar
 
 import aiohttp
 
 
+def _listening_ports() -> list[int]:
+    """Ports outside the kernel's ephemeral range (the ones bind(0) and outgoing connections
+    take); empty where that range is everything, and then bind(0) it is."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        low, high = map(int, text.split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    return [p for p in range(10_000, 32_000) if not low <= p <= high]
+
+
+_LISTENING = _listening_ports()
+_PORTS = random.Random()  # its own: a test's seeded `random` does not pick the same ports
+
+
 def free_port() -> int:
-    """A loopback port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A loopback port nobody listens on right now, for a process a test starts to listen on.
+
+    Drawn outside the kernel's ephemeral range: a port from bind(0) is free the moment it is
+    returned, but a process starts listening seconds later (vLLM: 20-50 s), and meanwhile any
+    outgoing connection on the machine may take the same number as its local port, or another
+    test's server bind(0) may get it: then the process cannot bind, or a client reaches the
+    wrong server (seen: a sidecar in front of a fake vLLM meant for another test run)."""
+    for _ in range(100):
+        port = _PORTS.choice(_LISTENING) if _LISTENING else 0
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            bound: int = sock.getsockname()[1]
+            return bound
+    raise RuntimeError("no free loopback port outside the ephemeral range")
 
 
 Check = Callable[[], object]
