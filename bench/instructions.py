@@ -73,8 +73,15 @@ def count(tree: Path, env: Env, run: Path, requests: int) -> dict[str, float]:
         *("--upstream-url", env.upstream_url, "--host", "127.0.0.1"),
         *("--port", str(port), "--admin-port", str(admin), "--log-level", "warning"),
     ]
+    # Run from the tree: `python -m` puts the working directory before PYTHONPATH, so run from
+    # another checkout it would import that checkout's proxy/ for every tree.
     child: Child = spawn(
-        "sidecar", argv, cpus=None, log=run / f"{port}.log", env={"PYTHONPATH": str(tree)}
+        "sidecar",
+        argv,
+        cpus=None,
+        log=run / f"{port}.log",
+        env={"PYTHONPATH": str(tree)},
+        cwd=tree,
     )
     try:
         ready = f"http://127.0.0.1:{admin}/readyz"

@@ -200,6 +200,7 @@ class Lifecycle:
             "seconds": round(state.elapsed(), 3),
             "weight_version": state.version,
             "weight_updates": state.updates,
+            "weight_versions": state.history.describe(),
             # A pod lead's requests are its workers': summed in vllm_sidecar_held_requests.
             "held_requests": self.held if serves else None,
             "running_requests": self.running if serves else None,

@@ -22,9 +22,11 @@ from proxy.core.errors import (
     UpstreamUnreachable,
     WeightSync,
 )
-from proxy.core.phase import Engine
+from proxy.core.phase import Engine, next_version
 from proxy.core.routes import SYNC_END, rule
 from proxy.observe.engine_metrics import EngineMetrics
+
+from .history import RESTART, SIDECAR, TRAINER, VLLM, History, Update
 
 log = logging.getLogger("proxy.lifecycle")  # its name before the layers: kept for filters
 
@@ -54,11 +56,13 @@ FOLLOWER = Role(leads=False, serves=True)  # a worker: mirrors the supervisor's 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """The state a follower mirrors: the lead's phase, weight version and "vLLM is down"."""
+    """The state a follower mirrors: the lead's phase, weight version, "vLLM is down", and the
+    versions the engine went through (what a worker counts a lag against)."""
 
     engine: Engine
     version: str | None
     down: str | None
+    history: tuple[Update, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +87,8 @@ class EngineState:
         self.down: str | None = None  # why vLLM is seen down (refused or reset), if it is
         self.long = False  # the current pause or sync has lasted past --phase-long-after
         self.updates = 0
+        self.history = History()
+        self._restarted = False  # vLLM came back after it was seen down: its next version
         self.durations = phase.Durations()
         self.open: dict[Call, tuple[Engine, Engine]] = {}  # each call's phases before and sent
         self._numbers = itertools.count(1)
@@ -136,25 +142,37 @@ class EngineState:
             return
         if why is not None and self.role.leads:
             log.warning("vLLM is down while the engine is %s: %s", self.phase, why)
+        self._restarted = why is None and self.down is not None
         self.down = why
         self._tell("down", self.phase)
 
-    def set_version(self, version: str | None) -> None:
-        if version is None or version == self.version:
+    def set_version(self, version: str | None, by: str = VLLM) -> None:
+        """The engine's weight version, as vLLM reports it; `by`: who named it (history.py).
+        The first after vLLM came back starts the history anew, even if it is the same."""
+        if version is None:
+            return
+        if self._restarted:
+            self._restarted = False
+            self.history.add(version, RESTART)
+        if version == self.version:
             return
         log.info("weight version %s -> %s", self.version, version)
+        if self.history.newest != version:
+            self.history.add(version, by)
         self.version = self.metrics.state.version = version
         self.metrics.state.version_changed = time.time()
         self._tell("version", self.phase)
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(self.engine, self.version, self.down)
+        return Snapshot(self.engine, self.version, self.down, tuple(self.history.updates))
 
     def follow(self, snap: Snapshot) -> None:
         """Take the pod's state as the supervisor sent it (a worker's)."""
         self.set(snap.engine, "the pod's phase")
         self.set_version(snap.version)
         self.engine_down(snap.down)
+        self._restarted = False  # the lead's history says what a restart did
+        self.history = History(snap.history)
 
     # -- the steps of a control call, taken where the pod's state is kept ---------------------
     def enter(self, path: str) -> Call:
@@ -179,7 +197,9 @@ class EngineState:
         """vLLM answered with success: the version it reports first (requests the phase held
         are released with the new one), then leave the phase."""
         self.open.pop(call, None)
-        self.set_version(version)
+        before = self.version
+        named = before is not None and version == next_version(before)
+        self.set_version(version, SIDECAR if named else TRAINER)
         self.set(phase.on_answer(self.engine, path, fully_awake=awake), f"{path} answered")
         if rule(path).step == SYNC_END:
             self.updates += 1

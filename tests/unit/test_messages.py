@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from proxy.config.settings import Settings, load
 from proxy.core.phase import PAUSED, Engine
 from proxy.core.resolution import ServedModel
+from proxy.engine.history import Update
 from proxy.engine.state import Snapshot
 from proxy.pod.messages import (
     MESSAGES,
@@ -46,8 +47,21 @@ DISCOVERY_JSON = {
     "healthy": False,
     "last_error": "/health: 503",
 }
-SNAPSHOT = Snapshot(Engine(PAUSED, syncing=True), version="v2", down=None)
-SNAPSHOT_JSON = {"engine": {"base": "paused", "syncing": True}, "version": "v2", "down": None}
+SNAPSHOT = Snapshot(
+    Engine(PAUSED, syncing=True),
+    version="v2",
+    down=None,
+    history=(Update(0, "default", 1.5, "vllm"), Update(1, "v2", 2.5, "trainer")),
+)
+SNAPSHOT_JSON = {
+    "engine": {"base": "paused", "syncing": True},
+    "version": "v2",
+    "down": None,
+    "history": [
+        {"index": 0, "version": "default", "at": 1.5, "by": "vllm"},
+        {"index": 1, "version": "v2", "at": 2.5, "by": "trainer"},
+    ],
+}
 SETTINGS = Settings.model_validate({"control_token": "s3cret", "port": 9000})
 
 # Each message as the other process reads it: the line is the contract between the two.

@@ -168,10 +168,12 @@ def test_a_follower_takes_the_snapshot_it_is_sent() -> None:
     lead.engine_down("reset")
     follower, changes = make(role=FOLLOWER)
     follower.follow(lead.snapshot())
+    history = lead.snapshot().history
+    assert [(u.version, u.by) for u in history] == [("v2", "vllm")]
     assert (
         follower.snapshot()
         == lead.snapshot()
-        == Snapshot(Engine(PAUSED, syncing=False), version="v2", down="reset")
+        == Snapshot(Engine(PAUSED, syncing=False), version="v2", down="reset", history=history)
     )
     assert [c.kind for c in changes] == ["engine", "version", "down"]
     assert follower.calls == 0  # calls are the lead's
@@ -181,3 +183,32 @@ def test_an_unnamed_update_is_named_after_the_last() -> None:
     assert next_version("default") == "default+1"
     assert next_version("default+1") == "default+2"
     assert next_version("step+x") == "step+x+1"
+
+
+def test_the_history_says_who_named_each_version_and_starts_anew_after_a_restart() -> None:
+    state, _ = make()
+    state.set_version("default")  # the first read of vLLM
+    for name in ("step-1", None):  # the trainer names one, then none: the sidecar names it
+        call = state.enter("/finish_weight_update")
+        state.answered(call, "/finish_weight_update", awake=True, version=name or "step-1+1")
+    state.set_version("step-7")  # read from vLLM: an update made around the sidecar
+    assert [(u.index, u.version, u.by) for u in state.history.updates] == [
+        (0, "default", "vllm"),
+        (1, "step-1", "trainer"),
+        (2, "step-1+1", "sidecar"),
+        (3, "step-7", "vllm"),
+    ]
+    assert state.history.position() == {"default": 0, "step-1": 1, "step-1+1": 2, "step-7": 3}
+    state.engine_down("refused")
+    state.engine_down(None)
+    state.set_version("step-7")  # back with the same name: its updates before are gone
+    assert [(u.index, u.version, u.by) for u in state.history.updates] == [(4, "step-7", "restart")]
+
+
+def test_the_history_keeps_the_last_64() -> None:
+    state, _ = make()
+    for n in range(100):
+        state.set_version(f"v{n}")
+    assert len(state.history.updates) == 64
+    assert state.history.updates[0].version == "v36"
+    assert state.history.position()["v99"] == 99
