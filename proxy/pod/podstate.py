@@ -24,6 +24,7 @@ from yarl import URL
 from proxy.config.settings import Settings
 from proxy.core.resolution import ServedModel
 from proxy.observe.metrics import Metrics
+from proxy.upstream.checks import UpstreamChecks
 from proxy.upstream.discovery import Discovery, read_bound
 
 log = logging.getLogger("proxy.podstate")  # its name before the layers: kept for filters
@@ -101,7 +102,7 @@ class PodDiscovery(Discovery):
         publish: Callable[[Message], None],
         live_workers: Callable[[], int],
     ) -> None:
-        super().__init__(settings, metrics, base, on_change=self._changed)
+        super().__init__(settings, metrics, base, source=UpstreamChecks, on_change=self._changed)
         self._publish, self._live_workers = publish, live_workers
         self.state = snapshot(self)
 
