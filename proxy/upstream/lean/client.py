@@ -17,9 +17,9 @@ from aiohttp.client_reqrep import ConnectionKey
 from multidict import CIMultiDictProxy
 from yarl import URL
 
+from ..options import UpstreamOptions
 from .body import Body
 from .h1 import Connection
-from .options import UpstreamOptions
 from .pool import Pool
 
 # RFC 9110 section 9.3: these carry no body unless given one; the rest say Content-Length: 0.

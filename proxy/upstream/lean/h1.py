@@ -18,8 +18,8 @@ import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from ..marks import Wire
 from .body import Body
-from .marks import Wire
 
 log = logging.getLogger("proxy.upstream")
 
