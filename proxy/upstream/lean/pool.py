@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 
 from ..marks import QUEUED
-from .h1 import Connection
+from .connection import Connection
 
 # Dropped before vLLM drops them (uvicorn's keep-alive timeout, VLLM_HTTP_TIMEOUT_KEEP_ALIVE, is
 # 5 s): a request sent on a connection the upstream is closing that very moment is lost.
