@@ -23,9 +23,9 @@ from proxy.core.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from proxy.upstream.body import HIGH_WATER
 from proxy.upstream.hop import HOP
 from proxy.upstream.lean import LeanClient
+from proxy.upstream.lean.body import HIGH_WATER
 from proxy.upstream.marks import QUEUED, WIRE
 from proxy.upstream.session import SESSION, classify, closed_while_idle, never_connected
 

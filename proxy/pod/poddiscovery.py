@@ -20,6 +20,7 @@ from yarl import URL
 
 from proxy.config.settings import Settings
 from proxy.observe.metrics import Metrics
+from proxy.upstream.checks import UpstreamChecks
 from proxy.upstream.discovery import Discovery, read_bound
 
 from .channel import Channel
@@ -48,7 +49,7 @@ class PodDiscovery(Discovery):
         publish: Callable[[DiscoveryState], None],
         live_workers: Callable[[], int],
     ) -> None:
-        super().__init__(settings, metrics, base, on_change=self._changed)
+        super().__init__(settings, metrics, base, source=UpstreamChecks, on_change=self._changed)
         self._publish, self._live_workers = publish, live_workers
         self.state = state_of(self)
 

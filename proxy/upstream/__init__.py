@@ -1,1 +1,1 @@
-"""The upstream side: the vLLM session, the lean hop, served-name discovery, the engine probe."""
+"""The vLLM side: aiohttp's session, the lean client, served-name discovery, the engine probe."""

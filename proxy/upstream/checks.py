@@ -1,4 +1,4 @@
-"""Discovery's reads of the upstream itself: /v1/models and /health, and the loops that run them."""
+"""Discovery's reads of the upstream itself: /v1/models and /health, the loops that run them."""
 
 from __future__ import annotations
 
@@ -6,25 +6,20 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from proxy.core.resolution import ModelTable, ServedModel, parse_models_list
+from proxy.observe.metrics import Metrics
 
+from .discovery import Discovery, read_bound
+from .options import UpstreamOptions
 from .session import UPSTREAM_ERRORS, target
 
-if TYPE_CHECKING:
-    from .discovery import Discovery
-    from .options import UpstreamOptions
-
 log = logging.getLogger("proxy.discovery")  # its name before the layers: kept for filters
-
-
-def read_bound(settings: UpstreamOptions) -> float:
-    """The bound on each /health or /v1/models read."""
-    return max(settings.connect_timeout, 5.0)
 
 
 # /health checks in a row that time out while the engine serves before it counts as down.
@@ -171,3 +166,8 @@ class UpstreamChecks:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def checked_discovery(settings: UpstreamOptions, metrics: Metrics, base: URL) -> Discovery:
+    """The discovery of a process that reads the upstream itself: one sidecar's."""
+    return Discovery(settings, metrics, base, source=UpstreamChecks)

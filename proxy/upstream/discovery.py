@@ -19,10 +19,7 @@ from proxy.core.resolution import ModelTable, ServedModel
 from proxy.observe.logs import text_field
 from proxy.observe.metrics import Metrics
 
-from .checks import UpstreamChecks, read_bound
 from .options import UpstreamOptions
-
-__all__ = ["DISCOVERY", "Discovery", "Source", "read_bound"]
 
 log = logging.getLogger("proxy.discovery")  # its name before the layers: kept for filters
 
@@ -39,9 +36,15 @@ def _listed(names: list[str]) -> str:
     return f"{shown} and {more} more" if more > 0 else shown
 
 
+def read_bound(settings: UpstreamOptions) -> float:
+    """The bound on each /health or /v1/models read, or on a worker's ask for one."""
+    return max(settings.connect_timeout, 5.0)
+
+
 class Source(Protocol):
-    """Where discovery's reads go: to the upstream (`UpstreamChecks`), or, from a worker of
-    `--workers N`, to the supervisor that reads for the pod."""
+    """Where discovery's reads go: to the upstream (`checks.UpstreamChecks`), or, from a worker
+    of `--workers N`, to the supervisor that reads for the pod. The one who makes a `Discovery`
+    picks it: discovery knows none of them."""
 
     async def read_models(self) -> bool:
         """Read the served names once; whether they are known now."""
@@ -62,7 +65,7 @@ class Discovery:
         metrics: Metrics,
         base: URL,
         *,
-        source: Callable[[Discovery], Source] | None = None,
+        source: Callable[[Discovery], Source],
         on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.settings, self.metrics, self.base = settings, metrics, base
@@ -79,7 +82,7 @@ class Discovery:
         # answers slowly while it takes in weights, and readiness must not drop for it.
         self.patient: Callable[[], bool] = lambda: False
         metrics.upstream_up.set(0)
-        self.source: Source = UpstreamChecks(self) if source is None else source(self)
+        self.source = source(self)
 
     def make_table(self, served: Sequence[ServedModel]) -> ModelTable:
         s = self.settings

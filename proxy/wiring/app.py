@@ -22,6 +22,7 @@ from proxy.core.phase import SERVING
 from proxy.engine.gate import stamp
 from proxy.engine.lifecycle import LIFECYCLE, Lifecycle
 from proxy.observe.metrics import METRICS, Metrics
+from proxy.upstream.checks import checked_discovery
 from proxy.upstream.discovery import DISCOVERY, Discovery
 from proxy.upstream.hop import HOP, hop
 from proxy.upstream.session import SESSION, UPSTREAM, make_session
@@ -74,7 +75,7 @@ def create_app(
     settings: Settings,
     *,
     registry: CollectorRegistry | None = None,
-    discovery: Callable[[Settings, Metrics, URL], Discovery] = Discovery,
+    discovery: Callable[[Settings, Metrics, URL], Discovery] = checked_discovery,
     lifecycle: Callable[..., Lifecycle] = Lifecycle,
 ) -> web.Application:
     """The proxy application: every method and path is forwarded to the upstream.

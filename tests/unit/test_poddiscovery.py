@@ -10,6 +10,7 @@ from proxy.core.resolution import ServedModel
 from proxy.observe.metrics import Metrics
 from proxy.pod.messages import DiscoveryState
 from proxy.pod.poddiscovery import follow
+from proxy.upstream.checks import UpstreamChecks
 from proxy.upstream.discovery import Discovery
 
 
@@ -21,7 +22,9 @@ def state(served: list[list[str | None]], *, healthy: bool = True) -> DiscoveryS
 
 def worker() -> Discovery:
     settings = Settings()
-    return Discovery(settings, Metrics(CollectorRegistry()), URL(settings.upstream_url))
+    # its source never runs: the test hands it the supervisor's states
+    metrics = Metrics(CollectorRegistry())
+    return Discovery(settings, metrics, URL(settings.upstream_url), source=UpstreamChecks)
 
 
 def test_a_health_flip_keeps_the_table_and_a_new_name_makes_one() -> None:

@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from .h1 import Connection
-from .marks import QUEUED
+from ..marks import QUEUED
+from .connection import Connection
 
 # Dropped before vLLM drops them (uvicorn's keep-alive timeout, VLLM_HTTP_TIMEOUT_KEEP_ALIVE, is
 # 5 s): a request sent on a connection the upstream is closing that very moment is lost.

@@ -3,7 +3,7 @@
 aiohttp's ClientSession builds a ClientRequest, a connector key, a writer and a response with
 its traces and cookies for every request: about a fifth of the sidecar's CPU. This writes the
 already-filtered header block with the body, on a kept-alive connection from a LIFO pool, and
-raises aiohttp's own exception types for the same faults (see h1.py).
+raises aiohttp's own exception types for the same faults (see connection.py, reader.py).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from aiohttp.client_reqrep import ConnectionKey
 from multidict import CIMultiDictProxy
 from yarl import URL
 
+from ..options import UpstreamOptions
 from .body import Body
-from .h1 import Connection
-from .options import UpstreamOptions
+from .connection import Connection
 from .pool import Pool
 
 # RFC 9110 section 9.3: these carry no body unless given one; the rest say Content-Length: 0.
