@@ -22,12 +22,12 @@ from ._support import (
     DOCKERFILE,
     KUBERNETES,
     REPO,
-    alert_rules,
     dashboard,
     dashboard_queries,
     dockerfile_instructions,
     kustomize_build,
     metric_names,
+    rules,
     run,
     tool,
 )
@@ -60,7 +60,12 @@ def test_every_metric_in_the_dashboard_and_alerts_is_exported(stack: Stack) -> N
     used = {
         f"dashboard {where}": metric_names(expr) for where, expr in dashboard_queries(dashboard())
     }
-    used.update({f"alert {rule['alert']}": metric_names(rule["expr"]) for rule in alert_rules()})
+    used.update(
+        {
+            f"rule {rule.get('alert') or rule['record']}": metric_names(rule["expr"])
+            for rule in rules()
+        }
+    )
     missing = {
         where: sorted(names - exported - PROMETHEUS_SERIES)
         for where, names in used.items()
@@ -86,6 +91,8 @@ def test_every_metric_in_the_dashboard_and_alerts_is_exported(stack: Stack) -> N
         "vllm_sidecar_engine_phase_duration_seconds_bucket",
         "vllm_sidecar_engine_phase_long",
         "vllm_sidecar_weight_version_changed_timestamp_seconds",
+        "vllm_sidecar_generated_tokens_total",
+        "vllm_sidecar_straddling_answers_total",
     ):
         assert name in on_dashboard, name
 
