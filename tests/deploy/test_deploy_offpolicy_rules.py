@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ._promtool import annotations, promtool_test
+from ._support import dashboard, dashboard_panels, substitute
 
 JOB = "vllm-sidecar"
 POD_SHARE = "instance:vllm_sidecar_offpolicy_token_share:ratio_rate5m"
@@ -154,5 +155,43 @@ def test_alert_resolves_when_the_share_falls_below_the_threshold(tmp_path: Path)
             {"eval_time": "14m", "alertname": ALERT, "exp_alerts": [firing("a:8081", "50%")]},
             # From 15m the 5m window fills with lag-0 tokens only: resolved by 20m.
             {"eval_time": "21m", "alertname": ALERT},
+        ],
+    )
+
+
+def test_dashboard_share_panel_shows_one_minus_the_recorded_share(tmp_path: Path) -> None:
+    [panel] = [p for p in dashboard_panels(dashboard()) if p["title"] == "Tokens at lag 0 (share)"]
+    pods, selected, line = (substitute(t["expr"]) for t in panel["targets"])
+    promtool_test(
+        tmp_path,
+        [
+            # a: 300 a minute at lag 0, 100 at lag 1, 100 unknown: 75% at lag 0.
+            tokens("a:8081", "0", 300),
+            tokens("a:8081", "1", 100),
+            tokens("a:8081", "unknown", 100),
+            threshold("a:8081", 0.5),
+            tokens("b:8081", "0", 100),
+        ],
+        exprs=[
+            {
+                "eval_time": "10m",
+                "expr": f"round({pods}, 0.001)",
+                "exp_samples": [
+                    {"labels": f'{{job="{JOB}",instance="a:8081"}}', "value": 0.75},
+                    {"labels": f'{{job="{JOB}",instance="b:8081"}}', "value": 1},
+                ],
+            },
+            # The selected pods together: 100 behind of 500 measured.
+            {
+                "eval_time": "10m",
+                "expr": f"round({selected}, 0.001)",
+                "exp_samples": [{"labels": "{}", "value": 0.8}],
+            },
+            # The alert's line, where a threshold is set.
+            {
+                "eval_time": "10m",
+                "expr": line,
+                "exp_samples": [{"labels": '{instance="a:8081"}', "value": 0.5}],
+            },
         ],
     )

@@ -356,6 +356,11 @@ def test_dashboard_panels_do_not_overlap() -> None:
             r"by \(instance, version\) \(vllm_sidecar_weight_version_changed_timestamp_seconds"
             r".*group_right vllm_sidecar_weight_version_info",
         ),
+        ("on-policy share by pod", r"1 - instance:vllm_sidecar_offpolicy_token_share:ratio_rate5m"),
+        ("off-policy alert threshold", r"1 - max by \(instance\) \(vllm_sidecar_offpolicy_alert"),
+        ("tokens by lag", r"sum by \(lag\) \(rate\(vllm_sidecar_generated_tokens_total"),
+        ("straddling by route", r"sum by \(route\) \(increase\(vllm_sidecar_straddling_answers"),
+        ("versions by pod", r"max by \(instance, version\) \(vllm_sidecar_weight_version_info"),
     ],
 )
 def test_dashboard_has_the_panel_for(what: str, pattern: str) -> None:
