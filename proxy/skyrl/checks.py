@@ -24,6 +24,7 @@ class Answer:
     request_id: str | None = None
     retry_after: float | None = None
     weight_version: str | None = None
+    weight_version_end: str | None = None  # where the version changed before the headers went
 
     def fail(
         self,

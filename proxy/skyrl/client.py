@@ -73,12 +73,15 @@ class SidecarInferenceClient(RemoteInferenceClient):
         return await self._checked("POST", url, json=json, headers=headers, policy=self.retry)
 
     async def generate(self, input_batch: Any, model: str | None = None) -> Any:
-        """The parent's result, plus ``weight_versions``: per response, vLLM's spans
-        ``{"version", "start", "end"}`` over its tokens (None where vLLM sent none)."""
+        """The parent's result, plus, per response: ``weight_versions``, vLLM's spans
+        ``{"version", "start", "end"}`` over its tokens (None where vLLM sent none), and
+        ``weight_lags``, how many updates behind the newest version this batch saw its oldest
+        tokens were (None where no version is known; lags.py says how it is counted)."""
         found: dict[str, Any] = {}
         with versions.batch_spans(input_batch.get("prompt_token_ids") or (), found):
             out = await super().generate(input_batch, model)
         out["weight_versions"] = found["weight_versions"]
+        out["weight_lags"] = found["weight_lags"]
         return out
 
     async def _generate_single(self, **kwargs: Any) -> dict[str, Any]:
@@ -153,8 +156,10 @@ class SidecarInferenceClient(RemoteInferenceClient):
             # The parent's session: its connection limit, and no total timeout (generations
             # and weight syncs can be long).
             answer = await exchange(session, method, url, json=json, params=params, headers=sent)
-            if answer.weight_version is not None and not control:
-                self.last_weight_version = answer.weight_version
+            if not control:
+                if answer.weight_version is not None:
+                    self.last_weight_version = answer.weight_version
+                versions.heard(answer.weight_version, answer.weight_version_end)
             return _parse(answer, path, json, parse)
 
         return await retrying(policy, once)

@@ -41,6 +41,7 @@ async def exchange(
         request_id=resp.headers.get("X-Request-Id"),
         retry_after=retry_after(resp.headers.get("Retry-After")),
         weight_version=resp.headers.get("X-Weight-Version"),
+        weight_version_end=resp.headers.get("X-Weight-Version-End"),
     )
 
 

@@ -152,19 +152,38 @@ def dashboard_rules_file(queries: list[tuple[str, str]]) -> str:
     return yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}, sort_keys=False)
 
 
-def alert_rules() -> list[dict[str, Any]]:
+def rules() -> list[dict[str, Any]]:
+    """Every rule of the shipped rules file: alerts and the records they read."""
     return [rule for group in load_yaml(ALERTS)["groups"] for rule in group["rules"]]
 
 
-# Metric names in PromQL: identifiers that are not functions, keywords, labels or durations.
-_METRIC = re.compile(r"\b(vllm_sidecar_[a-zA-Z0-9_]+|up)\b")
+def alert_rules() -> list[dict[str, Any]]:
+    return [rule for rule in rules() if "alert" in rule]
+
+
+def recording_rules() -> list[dict[str, Any]]:
+    return [rule for rule in rules() if "record" in rule]
+
+
+def _without_strings(expr: str) -> str:
+    # Label matchers' values and quoted strings can look like names.
+    return re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+
+
+# Metric names in PromQL: identifiers that are not functions, keywords, labels or durations. A
+# recorded name (`level:metric:operations`) holds a colon: it is no exported metric.
+_METRIC = re.compile(r"(?<![\w:])(vllm_sidecar_[a-zA-Z0-9_]+|up)(?![\w:])")
+_RECORDED = re.compile(r"(?<![\w:])([a-zA-Z_][a-zA-Z0-9_]*:[a-zA-Z0-9_:]*)")
 
 
 def metric_names(expr: str) -> set[str]:
     """The sidecar's metric names (and Prometheus' own `up`) used in a PromQL expression."""
-    # Drop label matchers' values and quoted strings first: they can look like names.
-    without_strings = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
-    return set(_METRIC.findall(without_strings))
+    return set(_METRIC.findall(_without_strings(expr)))
+
+
+def recorded_names(expr: str) -> set[str]:
+    """The recording rules' names (they hold a colon) used in a PromQL expression."""
+    return set(_RECORDED.findall(_without_strings(expr)))
 
 
 def dockerfile_instructions(path: Path = DOCKERFILE) -> list[tuple[str, str]]:

@@ -5,42 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ._support import ALERTS, alert_rules, run, tool
+from ._promtool import annotations, promtool_test
 
 LABELS = 'job="vllm-sidecar",instance="pod:8081"'
 
 
 def _series(phase: str, values: str) -> dict[str, str]:
     return {"series": f'vllm_sidecar_engine_phase{{{LABELS},phase="{phase}"}}', "values": values}
-
-
-def _annotations(alertname: str, labels: dict[str, str], value: str = "") -> dict[str, str]:
-    """The rule's annotations as Prometheus renders them for an alert with these labels (and
-    `value`, already formatted as the template formats it)."""
-    [rule] = [r for r in alert_rules() if r["alert"] == alertname]
-    rendered = {}
-    for key, text in rule["annotations"].items():
-        for name, label in labels.items():
-            text = text.replace(f"{{{{ $labels.{name} }}}}", label)
-        text = text.replace("{{ $value | humanizeDuration }}", value)
-        assert "{{" not in text, f"{alertname} {key}: a template this test does not render"
-        rendered[key] = text
-    return rendered
-
-
-def _promtool_test(tmp_path: Path, input_series: list[dict[str, str]], checks: list[Any]) -> None:
-    """Run one promtool rule unit test (one sample a minute) of the shipped rules."""
-    tests = {
-        "rule_files": [str(ALERTS)],
-        "evaluation_interval": "1m",
-        "tests": [{"interval": "1m", "input_series": input_series, "alert_rule_test": checks}],
-    }
-    path = tmp_path / "tests.yml"
-    path.write_text(yaml.safe_dump(tests))
-    result = run(tool("promtool"), "test", "rules", str(path))
-    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_engine_not_serving_fires_for_a_long_pause_and_never_for_sleep(tmp_path: Path) -> None:
@@ -58,11 +29,11 @@ def test_engine_not_serving_fires_for_a_long_pause_and_never_for_sleep(tmp_path:
         labels = {"job": "vllm-sidecar", "instance": instance, "phase": phase}
         return {
             "exp_labels": {**labels, "severity": "warning"},
-            "exp_annotations": _annotations("VllmSidecarEngineNotServing", labels),
+            "exp_annotations": annotations("VllmSidecarEngineNotServing", labels),
         }
 
     name = "VllmSidecarEngineNotServing"
-    _promtool_test(
+    promtool_test(
         tmp_path,
         [
             long("pod:8081", "paused", "0x9 1x10"),
@@ -97,7 +68,7 @@ def test_engine_not_serving_fires_for_a_long_pause_and_never_for_sleep(tmp_path:
 def test_engine_not_serving_ends_with_the_phase(tmp_path: Path) -> None:
     # Paused and long, then resumed: the series goes (the flag is labelled with the current phase)
     # and serving's is 0.
-    _promtool_test(
+    promtool_test(
         tmp_path,
         [
             {
@@ -121,7 +92,7 @@ def test_engine_not_serving_ends_with_the_phase(tmp_path: Path) -> None:
                             "phase": "paused",
                             "severity": "warning",
                         },
-                        "exp_annotations": _annotations(
+                        "exp_annotations": annotations(
                             "VllmSidecarEngineNotServing",
                             {"job": "vllm-sidecar", "instance": "pod:8081", "phase": "paused"},
                         ),
@@ -174,9 +145,9 @@ def test_weight_version_behind_fires_for_a_pod_that_missed_a_sync(tmp_path: Path
     expected = {
         "exp_labels": {**labels, "severity": "warning"},
         # The newest change (b's, at 303 s) is 303 s after c's (at start-up).
-        "exp_annotations": _annotations(BEHIND, labels, "5m 3s"),
+        "exp_annotations": annotations(BEHIND, labels, "5m 3s"),
     }
-    _promtool_test(
+    promtool_test(
         tmp_path,
         [
             # a and b sync to step-2 at 5m, seconds apart; c stays on step-1.
@@ -197,7 +168,7 @@ def test_weight_version_behind_fires_for_a_pod_that_missed_a_sync(tmp_path: Path
 
 
 def test_weight_version_behind_resolves_when_the_pod_catches_up(tmp_path: Path) -> None:
-    _promtool_test(
+    promtool_test(
         tmp_path,
         [
             *_synced("a:8081", 300),
@@ -218,7 +189,7 @@ def test_weight_version_behind_resolves_when_the_pod_catches_up(tmp_path: Path) 
                             "version": "step-1",
                             "severity": "warning",
                         },
-                        "exp_annotations": _annotations(
+                        "exp_annotations": annotations(
                             BEHIND,
                             {"job": "rl/vllm-sidecar", "instance": "c:8081", "version": "step-1"},
                             "5m 3s",
@@ -234,7 +205,7 @@ def test_weight_version_behind_resolves_when_the_pod_catches_up(tmp_path: Path) 
 
 def test_weight_version_behind_is_quiet_for_pods_that_synced_together(tmp_path: Path) -> None:
     # Three pods reach step-2 within 100 s of each other (a slow fan-out, under 2 minutes).
-    _promtool_test(
+    promtool_test(
         tmp_path,
         [*_synced("a:8081", 300), *_synced("b:8081", 330), *_synced("c:8081", 400)],
         [{"eval_time": f"{minute}m", "alertname": BEHIND} for minute in (4, 15, 25, 30)],
@@ -246,7 +217,7 @@ def test_weight_version_behind_is_quiet_for_a_sync_that_names_versions_per_pod(
 ) -> None:
     # A trainer that names no version (SkyRL 0.4) leaves vLLM counting its own updates: a pod
     # restarted earlier counts fewer. The same sync, 100 s apart, is no pod left behind.
-    _promtool_test(
+    promtool_test(
         tmp_path,
         [
             *_pod("a:8081", [("default+2", "1x4 stale"), ("default+3", "_x5 1x25")], "0x4 300x25"),
@@ -263,7 +234,7 @@ def test_weight_version_behind_is_quiet_when_a_pod_restarts(tmp_path: Path) -> N
     c_before = _synced("c:8081", 300)
     c_before[1]["values"] = "_x5 1x4 stale"
     c_before[2]["values"] = "0x4 300x4 stale"
-    _promtool_test(
+    promtool_test(
         tmp_path,
         [
             *_synced("a:8081", 300),

@@ -19,12 +19,12 @@ from ._support import (
     KUBERNETES,
     REPO,
     SCRAPE_CONFIG,
-    alert_rules,
     dashboard,
     dashboard_queries,
     dashboard_rules_file,
     kustomize_build,
     load_yaml,
+    rules,
     run,
     tool,
 )
@@ -149,7 +149,7 @@ def test_crd_check_notices_a_misspelt_field(crd_round_trips: dict[str, bool]) ->
 def test_alert_rules_pass_promtool() -> None:
     result = run(tool("promtool"), "check", "rules", str(ALERTS))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"SUCCESS: {len(alert_rules())} rules found" in result.stdout
+    assert f"SUCCESS: {len(rules())} rules found" in result.stdout
 
 
 def test_prometheusrule_carries_exactly_the_plain_alert_rules(tmp_path: Path) -> None:
@@ -190,7 +190,7 @@ def test_scrape_config_passes_promtool_with_the_rules_it_loads(tmp_path: Path) -
     copy.write_text(yaml.safe_dump(config))
     result = run(tool("promtool"), "check", "config", str(copy))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"SUCCESS: {len(alert_rules())} rules found" in result.stdout
+    assert f"SUCCESS: {len(rules())} rules found" in result.stdout
 
 
 def test_dashboard_json_is_plain_json_with_stable_formatting() -> None:

@@ -33,6 +33,9 @@ from ._support import (
     kustomize_build,
     load_yaml,
     pod_containers,
+    recorded_names,
+    recording_rules,
+    rules,
 )
 
 DS = "${DS_PROMETHEUS}"
@@ -353,6 +356,11 @@ def test_dashboard_panels_do_not_overlap() -> None:
             r"by \(instance, version\) \(vllm_sidecar_weight_version_changed_timestamp_seconds"
             r".*group_right vllm_sidecar_weight_version_info",
         ),
+        ("on-policy share by pod", r"1 - instance:vllm_sidecar_offpolicy_token_share:ratio_rate5m"),
+        ("off-policy alert threshold", r"1 - max by \(instance\) \(vllm_sidecar_offpolicy_alert"),
+        ("tokens by lag", r"sum by \(lag\) \(rate\(vllm_sidecar_generated_tokens_total"),
+        ("straddling by route", r"sum by \(route\) \(increase\(vllm_sidecar_straddling_answers"),
+        ("versions by pod", r"max by \(instance, version\) \(vllm_sidecar_weight_version_info"),
     ],
 )
 def test_dashboard_has_the_panel_for(what: str, pattern: str) -> None:
@@ -398,6 +406,7 @@ def test_alert_rules_say_who_and_why() -> None:
         "VllmSidecarInStreamFailures",
         "VllmSidecarEngineNotServing",
         "VllmSidecarWeightVersionBehind",
+        "VllmSidecarOffPolicyShareHigh",
     }
     for rule in rules:
         assert rule["labels"]["severity"] in {"critical", "warning"}, rule["alert"]
@@ -405,3 +414,15 @@ def test_alert_rules_say_who_and_why() -> None:
         assert rule["annotations"]["description"]
     ratio = next(r for r in rules if r["alert"] == "VllmSidecarFailureRatioHigh")
     assert "reason" in ratio["expr"].split("/")[0], "the failure ratio is split by reason"
+
+
+def test_every_recorded_series_read_is_recorded_by_the_rules_file() -> None:
+    recorded = {rule["record"] for rule in recording_rules()}
+    assert "instance:vllm_sidecar_offpolicy_token_share:ratio_rate5m" in recorded
+    reads = {f"rule {r.get('alert') or r['record']}": r["expr"] for r in rules()}
+    reads.update({f"dashboard {where}": expr for where, expr in dashboard_queries(dashboard())})
+    missing = {where: recorded_names(expr) - recorded for where, expr in reads.items()}
+    assert not {where: names for where, names in missing.items() if names}
+    # Recorded names follow level:metric:operations (a colon: never an exported metric's).
+    for name in recorded:
+        assert re.fullmatch(r"[a-z_]+:vllm_sidecar_[a-z0-9_]+:[a-z0-9_]+", name), name
