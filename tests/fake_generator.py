@@ -27,7 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.fake_vllm import DevEngine, FakeVLLM, json_response, start_sse
+from tests.fake_vllm import DevEngine, FakeVLLM, dumps, json_response, start_sse
 
 VOCAB = 26  # each token's text is one letter: "a" + token id
 
@@ -192,7 +192,7 @@ class Generator:
                 role: dict[str, Any] = {**head, "choices": [_role(o)]}
                 if o.index == 0 and body.get("return_token_ids"):
                     role["prompt_token_ids"] = o.prompt
-                await resp.write(b"data: " + json.dumps(role).encode() + b"\n\n")
+                await resp.write(b"data: " + dumps(role) + b"\n\n")
         stall, self.stall_at = self.stall_at, None
         with self.engine.running() as run:
             while any(o.finish is None for o in outputs):
@@ -233,7 +233,7 @@ class Generator:
         options = body.get("stream_options") or {}
         if options.get("include_usage"):
             await resp.write(
-                b"data: " + json.dumps({**head, "choices": [], "usage": usage}).encode() + b"\n\n"
+                b"data: " + dumps({**head, "choices": [], "usage": usage}) + b"\n\n"
             )
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
@@ -299,7 +299,7 @@ class Generator:
             choice["prompt_token_ids"] = o.prompt if returned else None
             choice["logprobs"] = _completion_logprobs(tokens) if _logprobs(body) else None
         event = {**head, "choices": [choice]}
-        await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        await resp.write(b"data: " + dumps(event) + b"\n\n")
 
 
 def _role(o: Output) -> dict[str, Any]:

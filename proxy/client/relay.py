@@ -13,6 +13,7 @@ from proxy.core.errors import ShuttingDown, SidecarFailure, UpstreamInvalidRespo
 from proxy.core.headers import drop, response_headers
 from proxy.core.routes import rule
 from proxy.core.sse import ErrorWatcher, EventFramer, is_event_stream
+from proxy.engine.tally import Tally
 from proxy.observe.metrics import Metrics
 from proxy.observe.record import RequestRecord
 from proxy.upstream.discovery import Discovery
@@ -110,18 +111,23 @@ async def stream_reply(
         drop(headers, ("Content-Length",))  # an error event may have to be appended
     out = web.StreamResponse(status=resp.status, headers=headers)
     rec.status = resp.status
+    engine = flow.engine
     stream = _Stream(out, rec, metrics, ErrorWatcher() if sse else None)
     if not await stream.start(request):
         return out
+    tally = engine.tally() if sse and resp.status == 200 else None
     try:
-        failure = await stream.pump(resp, first)
+        failure = await stream.pump(resp, first, tally)
     except asyncio.CancelledError:
         if sse and request.app[IN_FLIGHT].draining:
             await stream.end_with(ShuttingDown(_GRACE_OVER), _info(rec, flow.discovery))
         raise
     finally:
+        # Engine lifecycle and off-policy counts, however the stream ended: what vLLM made.
         if stream.aborted:
-            flow.engine.aborted()  # engine lifecycle: counted however the stream ends
+            engine.aborted()
+        if tally is not None:
+            engine.generated(tally.counts())
     if failure is not None:
         rec.fail_with(metrics, failure)
         if not sse:
@@ -162,9 +168,11 @@ class _Stream:
         self.events = EventFramer()  # SSE only: the event the upstream has not ended yet
         self.client_gone = False
 
-    async def pump(self, resp: aiohttp.ClientResponse, first: bytes) -> SidecarFailure | None:
+    async def pump(
+        self, resp: aiohttp.ClientResponse, first: bytes, tally: Tally | None
+    ) -> SidecarFailure | None:
         """Relay `first`, then until the upstream ends (None), fails (the failure) or the client
-        leaves.
+        leaves; `tally` counts a generation's tokens as they pass.
 
         Per chunk this is the whole of the sidecar's work, so it is kept flat: `readany()`
         and the response's `write()` awaited here directly (`iter_any()` and a write helper
@@ -173,6 +181,7 @@ class _Stream:
         """
         read, write = resp.content.readany, self.out.write
         watcher, events = self.watcher, self.events
+        feed = tally.feed if tally is not None else None
         chunk = first
         while True:
             if not chunk:
@@ -193,6 +202,8 @@ class _Stream:
                     if not chunk:
                         continue
                 self.last = chunk
+                if feed is not None:
+                    feed(chunk)
             try:
                 await write(chunk)
             except ConnectionError:

@@ -116,6 +116,13 @@ class Settings(BaseSettings):
     continue_max: int = Field(
         4, ge=0, description="most times one choice is continued after a cut (then relayed cut)"
     )
+    offpolicy_alert_share: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="the off-policy token share above which VllmSidecarOffPolicyShareHigh fires,"
+        " exported as vllm_sidecar_offpolicy_alert_share (unset: no alert)",
+    )
     control_token: SecretStr | None = Field(
         None, description="bearer token every control-plane call (pause, sleep, weights) needs"
     )

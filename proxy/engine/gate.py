@@ -20,6 +20,7 @@ from proxy.core.sse import is_event_stream
 from proxy.observe.record import RequestRecord
 
 from .lifecycle import LIFECYCLE, Lifecycle
+from .tally import Counts, Tally, count, of_body
 
 WEIGHT_VERSION = "X-Weight-Version"
 # The version at the end, when it differs from the one the answer started with.
@@ -29,6 +30,7 @@ _ABORT = b'"finish_reason":"abort"'  # vLLM's compact JSON, in bodies and SSE ev
 HOLD_TIMEOUT = "X-Sidecar-Hold-Timeout"
 
 _UNTOUCHED = contextlib.nullcontext()
+_CHAT = "/v1/chat/completions"
 
 
 class EngineHandle:
@@ -68,6 +70,13 @@ class EngineHandle:
     def tail(self) -> bytes:
         """What to append to an SSE stream that ended as vLLM sent it."""
         return b""
+
+    def tally(self) -> Tally | None:
+        """What counts a relayed stream's generated tokens as it passes (None: not counted)."""
+        return None
+
+    def generated(self, counts: Counts | None) -> None:
+        """The answer's generated tokens, counted by lag (a body's are counted at `stamp`)."""
 
 
 NOTHING = EngineHandle()
@@ -174,13 +183,14 @@ class Data(EngineHandle):
     """A data-plane request: held while the engine does not serve, counted running while it
     goes upstream, stamped with the weight versions it ran under."""
 
-    __slots__ = ("lifecycle", "rec", "rehold", "retry_after", "until", "version")
+    __slots__ = ("counted", "lifecycle", "rec", "rehold", "retry_after", "until", "version")
 
     def __init__(self, lifecycle: Lifecycle, rec: RequestRecord, until: float | None) -> None:
         self.lifecycle, self.rec, self.until = lifecycle, rec, until
         self.version: str | None = lifecycle.version
         self.retry_after: int | None = None
         self.rehold = self._rehold
+        self.counted = False  # its generated tokens are (once: a continuation counts its own)
 
     def left(self) -> float | None:
         return None if self.until is None else max(self.until - time.monotonic(), 0.0)
@@ -212,15 +222,36 @@ class Data(EngineHandle):
         headers, lifecycle = response.headers, self.lifecycle
         if self.retry_after is not None:
             headers["Retry-After"] = str(self.retry_after)  # RFC 9110 section 10.2.3
-        if self.version is None:
-            return
-        headers[WEIGHT_VERSION] = self.version
-        if lifecycle.version not in (None, self.version):
-            headers[WEIGHT_VERSION_END] = str(lifecycle.version)
+        if self.version is not None:
+            headers[WEIGHT_VERSION] = self.version
+            if lifecycle.version not in (None, self.version):
+                headers[WEIGHT_VERSION_END] = str(lifecycle.version)
         body = response.body if isinstance(response, web.Response) else None
+        if not isinstance(body, bytes):
+            return
+        if response.status == 200 and not self.counted and rule(self.rec.route).choices:
+            self.generated(of_body(body))
         # Only outside serving: no body is searched in steady state.
-        if lifecycle.phase != SERVING and isinstance(body, bytes) and _ABORT in body:
+        if lifecycle.phase != SERVING and _ABORT in body:
             lifecycle.count_abort(self.rec.route)
+
+    def tally(self) -> Tally | None:
+        route = self.rec.route
+        return Tally(chat=route == _CHAT) if rule(route).choices else None
+
+    def generated(self, counts: Counts | None) -> None:
+        if counts is None or self.counted:
+            return
+        self.counted = True
+        lifecycle = self.lifecycle
+        count(
+            lifecycle.metrics,
+            self.rec.route,
+            counts,
+            start=self.version,
+            end=lifecycle.version,
+            history=lifecycle.state.history,
+        )
 
     def aborted(self) -> None:
         """Counted outside serving; called however the stream ended, also when the client

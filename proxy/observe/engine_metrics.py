@@ -104,6 +104,24 @@ class EngineMetrics:
             registry=registry,
             multiprocess_mode="livesum",
         )
+        self.generated_tokens = Family(
+            Counter(
+                PREFIX + "generated_tokens",
+                "Tokens of generation answers by route and lag: how many weight updates behind"
+                " the pod's newest version at the answer's end their weights were (0, 1, 2, 3+),"
+                " straddled (an update during an answer without spans), unknown (no version).",
+                ("route", "lag"),
+                registry=registry,
+            )
+        )
+        self.straddling_answers = Family(
+            Counter(
+                PREFIX + "straddling_answers",
+                "Generation answers made under more than one weight version, by route.",
+                ("route",),
+                registry=registry,
+            )
+        )
         self.unpaused_sync = Counter(
             PREFIX + "weight_update_running_requests",
             "Requests running when a weight update started: a missing pause before the update.",

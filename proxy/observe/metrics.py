@@ -134,6 +134,16 @@ class Metrics:
             registry=registry,
         )
 
+    def alert_share(self, share: float) -> None:
+        """--offpolicy-alert-share, exported only when set: the alert joins on it, so without it
+        VllmSidecarOffPolicyShareHigh cannot fire (docs/offpolicy.md)."""
+        Gauge(
+            PREFIX + "offpolicy_alert_share",
+            "The off-policy token share above which VllmSidecarOffPolicyShareHigh fires.",
+            registry=self.registry,
+            multiprocess_mode="livemax",
+        ).set(share)
+
     def _counter(self, name: str, doc: str, labels: tuple[str, ...]) -> Family[Counter]:
         return Family(Counter(PREFIX + name, doc, labels, registry=self.registry))
 

@@ -87,6 +87,8 @@ def create_app(
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
     app[SETTINGS] = app[OPTIONS] = settings
     app[METRICS] = metrics
+    if settings.offpolicy_alert_share is not None:
+        metrics.alert_share(settings.offpolicy_alert_share)
     app[UPSTREAM] = URL(settings.upstream_url)
     app[DISCOVERY] = discovery(settings, metrics, app[UPSTREAM])
     app[BUDGET] = budget = Budget(settings.buffer_budget_bytes, metrics)

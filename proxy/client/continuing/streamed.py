@@ -16,6 +16,7 @@ from proxy.core.continuation import ABORT, joining
 from proxy.core.continuation.joining import Joined
 from proxy.core.errors import SidecarFailure
 from proxy.core.sse import is_event_stream
+from proxy.engine import tally
 from proxy.upstream.session import UPSTREAM_ERRORS, classify
 
 from ..failures import sse_error
@@ -61,9 +62,11 @@ class Streamed:
                     return await self._failed(broken.failure)
             if j.index not in self.client.ended:  # as it ended: cut, or a probe's stop or length
                 await self.client.flush(j, j.finish_reason)
+        usage = None
         if self.usage is not None:
             usage = joining.usage_of(self.usage.get("usage"), list(self.joined.values()))
             await self.client.event({**self.usage, "usage": usage})
+        self._generated(usage)
         await self.client.write(b"data: [DONE]\n\n")
         if not self.client.gone:
             with contextlib.suppress(ConnectionError):
@@ -123,11 +126,19 @@ class Streamed:
         """vLLM's stream broke off: one SSE error event and [DONE], as the relay ends one."""
         flow = self.flow
         flow.rec.fail_with(flow.metrics, failure)
+        self._generated(None)
         await self.client.write(b"\n\n" + sse_error(flow.rec, failure, None))
         if not self.client.gone:
             with contextlib.suppress(ConnectionError):
                 await self.client.out.write_eof()
         return self.client.out
+
+    def _generated(self, usage: object) -> None:
+        """Its tokens, counted by lag (engine/tally.py), before the client's [DONE]."""
+        joined = self.joined.values()
+        self.flow.engine.generated(
+            tally.joined(((len(j.tokens), j.spans, j.cuts) for j in joined), usage)
+        )
 
     async def _on_event(self, event: bytes, part: tuple[Joined, str | None] | None) -> None:
         data = event.strip()

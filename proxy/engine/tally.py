@@ -1,0 +1,185 @@
+"""Each generation answer's tokens counted by lag (core/offpolicy.py) into the pod's metrics.
+
+What an answer says of its tokens, read as cheaply as it can be read: a body's `usage` by one
+search where nothing more is needed, the whole body parsed only where it carries per-token spans
+(`weight_versions`); a stream's chunks searched for three keys, and only the events that carry
+spans or usage parsed. JSON escapes every quote inside a string, so a `"key":` found in vLLM's
+compact JSON is a key, never generated text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.core.offpolicy import Span, by_lag, spans_of, straddles
+from proxy.observe.engine_metrics import EngineMetrics
+
+from .history import History
+
+_SPANS = b'"weight_versions":['
+_USAGE = re.compile(rb'"completion_tokens":(\d+)')
+_FINISH = b'"finish_reason":'  # once per choice in every streamed event that carries one
+_ROLE = b'"delta":{"role":'  # chat's first event per choice: a role, no token
+_ABORT = b'"finish_reason":"abort"'  # a cut choice's last event: vLLM ends it between steps
+
+
+@dataclass(slots=True)
+class Counts:
+    """An answer's tokens as it tells them: per choice its tokens (None: not told) and spans
+    (None: none), and the answer's total (`usage.completion_tokens`; None: not told)."""
+
+    choices: list[tuple[int | None, Sequence[Span] | None]] = field(default_factory=list)
+    total: int | None = None
+
+
+def _usage(data: bytes) -> int | None:
+    found = None
+    for found in _USAGE.finditer(data):  # noqa: B007 (the last: a stream's usage is cumulative)
+        pass
+    return int(found.group(1)) if found is not None else None
+
+
+def of_body(body: bytes) -> Counts | None:
+    """A whole answer's counts; None where it tells nothing (not a generation's JSON)."""
+    if _SPANS not in body:
+        total = _usage(body)
+        return None if total is None else Counts(total=total)
+    try:
+        answer = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(answer, dict) or not isinstance(answer.get("choices"), list):
+        return None
+    usage = answer.get("usage")
+    given = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    counts = Counts(total=given if type(given) is int else None)
+    for choice in answer["choices"]:
+        if isinstance(choice, dict):
+            counts.choices.append(
+                choice_counts(choice.get("token_ids"), choice.get("weight_versions"))
+            )
+    return counts
+
+
+def choice_counts(token_ids: object, raw_spans: object) -> tuple[int | None, list[Span] | None]:
+    """One choice's tokens (its token ids, else as far as its spans reach) and spans."""
+    spans = spans_of(raw_spans)
+    if isinstance(token_ids, list):
+        return len(token_ids), spans
+    return (max(s.end for s in spans) if spans else None), spans
+
+
+def joined(choices: Iterable[tuple[int, list[dict[str, Any]], int]], usage: object) -> Counts:
+    """A continued answer's: each choice's joined tokens (the sidecar asks vLLM for their ids),
+    with its spans where a phase cut it (its parts' versions are then known, one each); an uncut
+    choice goes by the answer's ends, as a relayed one (its one part's span names the version it
+    began under, also where a `keep` pause let an update through in the middle)."""
+    given = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    counts = Counts(total=given if type(given) is int else None)
+    for tokens, spans, cuts in choices:
+        counts.choices.append(
+            (tokens, spans_of(spans) if cuts else None) if tokens else (None, None)
+        )
+    return counts
+
+
+class Tally:
+    """A relayed stream's counts, fed its chunks as they pass. Without usage its tokens are its
+    choices' events: vLLM sends one per token, the last with its finish reason; chat's first
+    (a role) and an abort's carry none. (vLLM's --stream-interval above 1 would put several
+    tokens in one event: ask for usage, `stream_options.include_usage`, to count exactly.)"""
+
+    __slots__ = ("chat", "events", "spans", "total", "untold")
+
+    def __init__(self, chat: bool) -> None:
+        self.chat = chat
+        self.events = self.untold = 0  # events with a finish_reason key; those without a token
+        self.total: int | None = None
+        self.spans: dict[int, dict[int, Span]] = {}  # choice index -> span start -> span
+
+    def feed(self, chunk: bytes) -> None:
+        self.events += chunk.count(_FINISH)
+        if self.chat and _ROLE in chunk:
+            self.untold += chunk.count(_ROLE)
+        if _ABORT in chunk:
+            self.untold += chunk.count(_ABORT)
+        if b'"completion_tokens":' in chunk:
+            self.total = _usage(chunk)
+        if _SPANS in chunk:
+            self._spans(chunk)
+
+    def _spans(self, chunk: bytes) -> None:
+        """The spans of each event that has them (vLLM 0.33: on a choice's events, growing,
+        or on its last); an event cut across two chunks is not read, its tokens go by ends."""
+        for event in chunk.split(b"\n\n"):
+            if _SPANS not in event or not event.startswith(b"data: "):
+                continue
+            try:
+                data = orjson.loads(event[6:])
+            except orjson.JSONDecodeError:
+                continue
+            choices = data.get("choices") if isinstance(data, dict) else None
+            for choice in choices if isinstance(choices, list) else ():
+                if isinstance(choice, dict) and type(index := choice.get("index")) is int:
+                    for span in spans_of(choice.get("weight_versions")) or ():
+                        self.spans.setdefault(index, {})[span.start] = span
+
+    def counts(self) -> Counts:
+        counts = Counts(total=self.total)
+        for index in sorted(self.spans):
+            spans = sorted(self.spans[index].values(), key=lambda s: s.start)
+            counts.choices.append((max(s.end for s in spans), spans))
+        if counts.total is None:
+            counts.total = max(self.events - self.untold, 0)
+        return counts
+
+
+def count(
+    metrics: EngineMetrics,
+    route: str,
+    counts: Counts,
+    *,
+    start: str | None,
+    end: str | None,
+    history: History,
+) -> None:
+    """Count one answer's tokens by lag, against the pod's newest version as it ends (`start`,
+    `end`: the versions at its two ends), and the answer once if it straddled an update."""
+    position, newest = history.position(), history.newest
+    labels: dict[str, int] = {}
+    known, straddling = 0, not counts.choices and straddles(None, start, end)
+    for tokens, spans in counts.choices:
+        straddling = straddling or straddles(spans, start, end)
+        if tokens is not None:
+            _add(
+                labels,
+                by_lag(
+                    tokens=tokens,
+                    spans=spans,
+                    start=start,
+                    end=end,
+                    position=position,
+                    newest=newest,
+                ),
+            )
+            known += tokens
+    rest = (counts.total or 0) - known  # choices that told no count of their own
+    if rest > 0:
+        _add(
+            labels,
+            by_lag(tokens=rest, spans=None, start=start, end=end, position=position, newest=newest),
+        )
+    for label, tokens in labels.items():
+        metrics.generated_tokens.labels(route, label).inc(tokens)
+    if straddling:
+        metrics.straddling_answers.labels(route).inc()
+
+
+def _add(into: dict[str, int], counted: dict[str, int]) -> None:
+    for label, tokens in counted.items():
+        into[label] = into.get(label, 0) + tokens
