@@ -6,11 +6,11 @@ The package is a house with floors, each folder a layer that imports only those 
     pod/       --workers N: the supervisor, its workers, the typed messages between them
     wiring/    one process: settings -> create_app -> the server; reconciling with vLLM
     client/    a request's side: bounds, reading, the flow, relaying, continuing, the admin port
-    engine/    the engine lifecycle: state, version history, holds, each request's handle
+    engine/    the engine lifecycle: state, version history, holds, each request's handle, tallies
     upstream/  the vLLM side: the two clients (lean/, aiohttp's), discovery, the probe
     observe/   metrics, logs, the request record
     core/      pure decisions: routes, resolution, phases, errors and the envelope, headers,
-               SSE, continuation's plan and joining
+               SSE, continuation's plan and joining, off-policy arithmetic
     config/    Settings, read by the wiring and the pod only
 
 `proxy.skyrl` stands apart: SkyRL's companions, which need nothing of the rest.
