@@ -9,7 +9,6 @@ compact JSON is a key, never generated text.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +21,7 @@ from proxy.observe.engine_metrics import EngineMetrics
 from .history import History
 
 _SPANS = b'"weight_versions":['
-_USAGE = re.compile(rb'"completion_tokens":(\d+)')
+_USAGE_KEY = b'"completion_tokens":'
 _FINISH = b'"finish_reason":'  # once per choice in every streamed event that carries one
 _ROLE = b'"delta":{"role":'  # chat's first event per choice: a role, no token
 _ABORT = b'"finish_reason":"abort"'  # a cut choice's last event: vLLM ends it between steps
@@ -38,10 +37,15 @@ class Counts:
 
 
 def _usage(data: bytes) -> int | None:
-    found = None
-    for found in _USAGE.finditer(data):  # noqa: B007 (the last: a stream's usage is cumulative)
-        pass
-    return int(found.group(1)) if found is not None else None
+    """The last `completion_tokens` (a stream's usage is cumulative)."""
+    at = data.rfind(_USAGE_KEY)
+    if at < 0:
+        return None
+    at += len(_USAGE_KEY)
+    end = at
+    while data[end : end + 1].isdigit():
+        end += 1
+    return int(data[at:end]) if end > at else None
 
 
 def of_body(body: bytes) -> Counts | None:
@@ -89,33 +93,51 @@ def joined(choices: Iterable[tuple[int, list[dict[str, Any]], int]], usage: obje
 
 
 class Tally:
-    """A relayed stream's counts, fed its chunks as they pass. Without usage its tokens are its
-    choices' events: vLLM sends one per token, the last with its finish reason; chat's first
-    (a role) and an abort's carry none. (vLLM's --stream-interval above 1 would put several
-    tokens in one event: ask for usage, `stream_options.include_usage`, to count exactly.)"""
+    """A relayed stream's counts, fed its chunks as they pass.
 
-    __slots__ = ("chat", "events", "spans", "total", "untold")
+    Per chunk one search, for the `"finish_reason":` key each choice event has: it counts the
+    events and says, by its value, when a choice ended (null until then). Only from then on are
+    chunks searched for what ends bring (vLLM 0.33 puts spans on a choice's last event only,
+    usage comes after the last, an abort is a last event). Without usage the tokens are the
+    choice events: vLLM sends one per token, its last with the finish reason; chat's first (a
+    role) and an abort carry none. (With vLLM's --stream-interval above 1 one event holds
+    several tokens: ask for usage, `stream_options.include_usage`, to count exactly.)"""
+
+    __slots__ = ("ending", "events", "opening", "spans", "total", "untold")
 
     def __init__(self, chat: bool) -> None:
-        self.chat = chat
-        self.events = self.untold = 0  # events with a finish_reason key; those without a token
+        self.events = self.untold = 0  # choice events; those without a token
+        self.opening = chat  # chat's role events lead the stream
+        self.ending = False  # a choice ended: every chunk is searched from now on
         self.total: int | None = None
         self.spans: dict[int, dict[int, Span]] = {}  # choice index -> span start -> span
 
     def feed(self, chunk: bytes) -> None:
-        self.events += chunk.count(_FINISH)
-        if self.chat and _ROLE in chunk:
-            self.untold += chunk.count(_ROLE)
+        if self.opening:
+            roles = chunk.count(_ROLE)
+            self.untold += roles
+            self.opening = roles > 0
+        at = chunk.find(_FINISH)
+        while at >= 0:
+            self.events += 1
+            at += len(_FINISH)
+            if chunk[at : at + 1] != b"n":  # not null: the choice's last event
+                self.ending = True
+            at = chunk.find(_FINISH, at)
+        if self.ending:
+            self._ended(chunk)
+
+    def _ended(self, chunk: bytes) -> None:
         if _ABORT in chunk:
             self.untold += chunk.count(_ABORT)
-        if b'"completion_tokens":' in chunk:
+        if _USAGE_KEY in chunk:
             self.total = _usage(chunk)
         if _SPANS in chunk:
             self._spans(chunk)
 
     def _spans(self, chunk: bytes) -> None:
-        """The spans of each event that has them (vLLM 0.33: on a choice's events, growing,
-        or on its last); an event cut across two chunks is not read, its tokens go by ends."""
+        """The spans of each event that has them; an event cut across two chunks is not read,
+        its tokens go by the answer's ends."""
         for event in chunk.split(b"\n\n"):
             if _SPANS not in event or not event.startswith(b"data: "):
                 continue
