@@ -126,8 +126,8 @@ async def stream_reply(
         # Engine lifecycle and off-policy counts, however the stream ended: what vLLM made.
         if stream.aborted:
             engine.aborted()
-        if tally is not None:
-            engine.generated(tally.counts())
+        if tally is not None and stream.watcher is not None:
+            engine.generated(tally.counts(stream.watcher))
     if failure is not None:
         rec.fail_with(metrics, failure)
         if not sse:
@@ -181,7 +181,7 @@ class _Stream:
         """
         read, write = resp.content.readany, self.out.write
         watcher, events = self.watcher, self.events
-        feed = tally.feed if tally is not None else None
+        ended = tally.ended if tally is not None else None
         chunk = first
         while True:
             if not chunk:
@@ -202,8 +202,8 @@ class _Stream:
                     if not chunk:
                         continue
                 self.last = chunk
-                if feed is not None:
-                    feed(chunk)
+                if ended is not None and watcher.ends:
+                    ended(chunk)
             try:
                 await write(chunk)
             except ConnectionError:

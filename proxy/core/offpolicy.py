@@ -83,7 +83,7 @@ def _label(lag: int | None) -> str:
     return _BUCKETS[lag] if lag < len(_BUCKETS) else "3+"
 
 
-def _ends_label(
+def ends_label(
     start: str | None, end: str | None, position: Mapping[str, int], newest: str | None
 ) -> str:
     """The label of tokens no span covers, by the versions at the answer's ends."""
@@ -119,7 +119,7 @@ def by_lag(
             cursor = high
     rest = max(tokens, 0) - covered
     if rest > 0:
-        label = _ends_label(start, end, position, newest)
+        label = ends_label(start, end, position, newest)
         counts[label] = counts.get(label, 0) + rest
     return counts
 

@@ -7,7 +7,9 @@ from typing import Any
 import orjson
 
 _ERROR_MARK = b'"error"'
-_ABORT_MARK = b'"finish_reason":"abort"'  # vLLM's compact JSON: the engine aborted the request
+# vLLM's compact JSON: every choice event has the key, null until the choice's last event.
+_FINISH = b'"finish_reason":'
+_ABORTED = b'"abort"'  # the value: the engine aborted the request
 _MAX_TAIL = 1 << 20  # an event line longer than this cannot be an error event worth parsing
 # The blank lines that end an event (WHATWG HTML 9.2.6), and the most of one event held: aiohttp's
 # own read buffer is of this order, and a token's event with logprobs is ~1 KiB.
@@ -22,16 +24,34 @@ def is_event_stream(content_type: str | None) -> bool:
 
 
 class ErrorWatcher:
-    """Fed the stream's chunks as they pass; collects `data: {"error": ...}` events.
+    """Fed the stream's chunks as they pass; collects `data: {"error": ...}` events, and counts
+    the choice events by their `finish_reason` key: all (`events`), the last of a choice
+    (`ends`, its value not null), aborted ones (`aborts`). A token's event is a choice event.
 
     Chunks may split a line anywhere, so the last partial line is carried to the next chunk.
-    Most chunks hold no `"error"` at all and cost one substring search.
+    Most chunks hold no `"error"` at all and cost two substring searches.
     """
 
     def __init__(self) -> None:
         self._tail = b""
         self.errors: list[Any] = []
-        self.aborted = False
+        self.events = self.ends = self.aborts = 0
+
+    @property
+    def aborted(self) -> bool:
+        return self.aborts > 0
+
+    def _choices(self, data: bytes, end: int) -> None:
+        """Count the choice events in `data[:end]` (whole lines only: a key is never cut)."""
+        at = data.find(_FINISH, 0, end)
+        while at >= 0:
+            self.events += 1
+            at += len(_FINISH)
+            if data[at : at + 1] != b"n":  # not null: the choice's last event
+                self.ends += 1
+                if data.startswith(_ABORTED, at):
+                    self.aborts += 1
+            at = data.find(_FINISH, at, end)
 
     def take(self) -> list[Any]:
         """The error events found since the last call."""
@@ -44,8 +64,7 @@ class ErrorWatcher:
         notes it. False: the chunk is to be fed."""
         if self._tail or not chunk.endswith(b"\n\n") or _ERROR_MARK in chunk:
             return False
-        if not self.aborted and _ABORT_MARK in chunk:
-            self.aborted = True
+        self._choices(chunk, len(chunk))
         return True
 
     def feed(self, chunk: bytes) -> bool:
@@ -56,8 +75,7 @@ class ErrorWatcher:
         else:
             cut = data.rfind(b"\n") + 1
             self._tail = data[cut:] if len(data) - cut <= _MAX_TAIL else b""
-        if not self.aborted and _ABORT_MARK in data:
-            self.aborted = True
+        self._choices(data, cut)
         if data.find(_ERROR_MARK, 0, cut) < 0:  # no copy of the chunk, unlike `in data[:cut]`
             return False
         for line in data[:cut].split(b"\n"):

@@ -15,16 +15,15 @@ from typing import Any
 
 import orjson
 
-from proxy.core.offpolicy import Span, by_lag, spans_of, straddles
+from proxy.core.offpolicy import Span, by_lag, ends_label, spans_of, straddles
+from proxy.core.sse import ErrorWatcher
 from proxy.observe.engine_metrics import EngineMetrics
 
 from .history import History
 
 _SPANS = b'"weight_versions":['
 _USAGE_KEY = b'"completion_tokens":'
-_FINISH = b'"finish_reason":'  # once per choice in every streamed event that carries one
-_ROLE = b'"delta":{"role":'  # chat's first event per choice: a role, no token
-_ABORT = b'"finish_reason":"abort"'  # a cut choice's last event: vLLM ends it between steps
+_ENDED = b'"finish_reason":"'  # a choice's last event: its reason is a string, not null
 
 
 @dataclass(slots=True)
@@ -93,46 +92,30 @@ def joined(choices: Iterable[tuple[int, list[dict[str, Any]], int]], usage: obje
 
 
 class Tally:
-    """A relayed stream's counts, fed its chunks as they pass.
+    """A relayed stream's counts. Its choice events are counted as they pass by the SSE watcher
+    (core/sse.py), in the search it makes of each chunk anyway; only once a choice has ended
+    is a chunk searched for what ends bring (`ended`): vLLM 0.33 puts spans on a choice's last
+    event only (v1/engine/output_processor.py), and usage comes after the last. Without usage
+    the tokens are the choice events: vLLM sends one per token, its last with the finish reason;
+    chat's first (a role) and an abort's carry none. (With vLLM's --stream-interval above 1 one
+    event holds several tokens: ask for usage, `stream_options.include_usage`, to count exactly.)"""
 
-    Per chunk one search, for the `"finish_reason":` key each choice event has: it counts the
-    events and says, by its value, when a choice ended (null until then). Only from then on are
-    chunks searched for what ends bring (vLLM 0.33 puts spans on a choice's last event only,
-    usage comes after the last, an abort is a last event). Without usage the tokens are the
-    choice events: vLLM sends one per token, its last with the finish reason; chat's first (a
-    role) and an abort carry none. (With vLLM's --stream-interval above 1 one event holds
-    several tokens: ask for usage, `stream_options.include_usage`, to count exactly.)"""
-
-    __slots__ = ("ending", "events", "opening", "spans", "total", "untold")
+    __slots__ = ("chat", "spans", "total")
 
     def __init__(self, chat: bool) -> None:
-        self.events = self.untold = 0  # choice events; those without a token
-        self.opening = chat  # chat's role events lead the stream
-        self.ending = False  # a choice ended: every chunk is searched from now on
+        self.chat = chat
         self.total: int | None = None
         self.spans: dict[int, dict[int, Span]] = {}  # choice index -> span start -> span
 
-    def feed(self, chunk: bytes) -> None:
-        if self.opening:
-            roles = chunk.count(_ROLE)
-            self.untold += roles
-            self.opening = roles > 0
-        at = chunk.find(_FINISH)
-        while at >= 0:
-            self.events += 1
-            at += len(_FINISH)
-            if chunk[at : at + 1] != b"n":  # not null: the choice's last event
-                self.ending = True
-            at = chunk.find(_FINISH, at)
-        if self.ending:
-            self._ended(chunk)
-
-    def _ended(self, chunk: bytes) -> None:
-        if _ABORT in chunk:
-            self.untold += chunk.count(_ABORT)
-        if _USAGE_KEY in chunk:
+    def ended(self, chunk: bytes) -> None:
+        """A chunk at or after a choice's end. What an end brings follows its `finish_reason`
+        (vLLM's field order: spans after it, usage in an event after the last), so the search
+        starts at the chunk's last end, found from the chunk's end: a chunk of many events
+        (a whole stream read at once) is not searched twice over."""
+        at = max(chunk.rfind(_ENDED), 0)
+        if chunk.find(_USAGE_KEY, at) >= 0:
             self.total = _usage(chunk)
-        if _SPANS in chunk:
+        if chunk.find(_SPANS, at) >= 0:
             self._spans(chunk)
 
     def _spans(self, chunk: bytes) -> None:
@@ -151,13 +134,15 @@ class Tally:
                     for span in spans_of(choice.get("weight_versions")) or ():
                         self.spans.setdefault(index, {})[span.start] = span
 
-    def counts(self) -> Counts:
+    def counts(self, watcher: ErrorWatcher) -> Counts:
         counts = Counts(total=self.total)
         for index in sorted(self.spans):
             spans = sorted(self.spans[index].values(), key=lambda s: s.start)
             counts.choices.append((max(s.end for s in spans), spans))
         if counts.total is None:
-            counts.total = max(self.events - self.untold, 0)
+            # Each chat choice has one role event, as it has one end.
+            untold = watcher.aborts + (watcher.ends if self.chat else 0)
+            counts.total = max(watcher.events - untold, 0)
         return counts
 
 
@@ -172,6 +157,13 @@ def count(
 ) -> None:
     """Count one answer's tokens by lag, against the pod's newest version as it ends (`start`,
     `end`: the versions at its two ends), and the answer once if it straddled an update."""
+    if not counts.choices:  # the common answer, told by its ends alone: one label
+        if counts.total:
+            label = ends_label(start, end, history.position(), history.newest)
+            metrics.generated_tokens.labels(route, label).inc(counts.total)
+        if start != end and start is not None and end is not None:
+            metrics.straddling_answers.labels(route).inc()
+        return
     position, newest = history.position(), history.newest
     labels: dict[str, int] = {}
     known, straddling = 0, not counts.choices and straddles(None, start, end)

@@ -7,6 +7,7 @@ import orjson
 from prometheus_client import CollectorRegistry
 
 from proxy.core.offpolicy import Span
+from proxy.core.sse import ErrorWatcher
 from proxy.engine.history import SIDECAR, VLLM, History
 from proxy.engine.tally import Counts, Tally, count, joined, of_body
 from proxy.observe.engine_metrics import EngineMetrics
@@ -47,39 +48,63 @@ def test_a_body_with_spans_is_told_choice_by_choice() -> None:
     assert counts.total is None
 
 
+class Relayed:
+    """A stream as the relay passes it: the watcher sees each chunk, the tally its ends."""
+
+    def __init__(self, chat: bool) -> None:
+        self.watcher, self.tally = ErrorWatcher(), Tally(chat)
+
+    def feed(self, chunk: bytes) -> None:
+        if not self.watcher.passes(chunk):
+            self.watcher.feed(chunk)
+        if self.watcher.ends:
+            self.tally.ended(chunk)
+
+    def counts(self) -> Counts:
+        return self.tally.counts(self.watcher)
+
+
 def test_a_stream_counts_one_token_per_choice_event() -> None:
-    tally = Tally(chat=False)
+    stream = Relayed(chat=False)
     for text in ("a", "b"):
-        tally.feed(event([delta(text)]))
-    tally.feed(event([delta("c", "length")]) + b"data: [DONE]\n\n")
-    assert tally.counts() == Counts(total=3)
+        stream.feed(event([delta(text)]))
+    stream.feed(event([delta("c", "length")]) + b"data: [DONE]\n\n")
+    assert stream.counts() == Counts(total=3)
+
+
+def test_an_event_split_across_chunks_is_counted_once() -> None:
+    stream = Relayed(chat=False)
+    whole = event([delta("a")]) + event([delta("b", "length")])
+    for start, end in ((0, 10), (10, 95), (95, 150), (150, len(whole))):
+        stream.feed(whole[start:end])
+    assert stream.counts() == Counts(total=2)
 
 
 def test_a_chat_streams_role_events_and_an_abort_carry_no_token() -> None:
-    tally = Tally(chat=True)
+    stream = Relayed(chat=True)
     role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-    tally.feed(event([role]))
-    tally.feed(event([{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]))
-    tally.feed(event([{"index": 0, "delta": {"content": ""}, "finish_reason": "abort"}]))
-    assert tally.counts() == Counts(total=1)
+    stream.feed(event([role]))
+    stream.feed(event([{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]))
+    stream.feed(event([{"index": 0, "delta": {"content": ""}, "finish_reason": "abort"}]))
+    assert stream.counts() == Counts(total=1)
 
 
 def test_a_streams_usage_is_the_count_where_it_was_asked_for() -> None:
-    tally = Tally(chat=False)
-    tally.feed(event([delta("a")]))
-    tally.feed(event([delta("b", "stop")]))
-    tally.feed(event([], usage={"prompt_tokens": 3, "completion_tokens": 9}) + b"data: [DONE]\n\n")
-    assert tally.counts().total == 9  # not the two events: usage is vLLM's own count
+    stream = Relayed(chat=False)
+    stream.feed(event([delta("a")]))
+    stream.feed(event([delta("b", "stop")]))
+    stream.feed(event([], usage={"prompt_tokens": 3, "completion_tokens": 9}) + b"data: [DONE]\n\n")
+    assert stream.counts().total == 9  # not the two events: usage is vLLM's own count
 
 
 def test_a_streams_spans_are_read_from_the_events_that_end_a_choice() -> None:
     spans = [{"version": "a", "start": 0, "end": 1}, {"version": "b", "start": 1, "end": 3}]
-    tally = Tally(chat=False)
-    tally.feed(event([delta("a")]))
-    # A span key in text before the end is text, escaped, never a key: not read.
-    tally.feed(event([delta('"weight_versions":[')]))
-    tally.feed(event([delta("c", "length", weight_versions=spans)]))
-    assert tally.counts().choices == [(3, [Span("a", 0, 1), Span("b", 1, 3)])]
+    stream = Relayed(chat=False)
+    stream.feed(event([delta("a")]))
+    # A span key in text is text, its quotes escaped: never read as a key.
+    stream.feed(event([delta('"weight_versions":[')]))
+    stream.feed(event([delta("c", "length", weight_versions=spans)]))
+    assert stream.counts().choices == [(3, [Span("a", 0, 1), Span("b", 1, 3)])]
 
 
 def test_an_uncut_continued_choice_goes_by_the_ends() -> None:
