@@ -9,7 +9,8 @@ import orjson
 _ERROR_MARK = b'"error"'
 # vLLM's compact JSON: every choice event has the key, null until the choice's last event.
 _FINISH = b'"finish_reason":'
-_ABORTED = b'"abort"'  # the value: the engine aborted the request
+_UNENDED = b'"finish_reason":null'
+_ABORT = b'"finish_reason":"abort"'  # the engine aborted the request
 _MAX_TAIL = 1 << 20  # an event line longer than this cannot be an error event worth parsing
 # The blank lines that end an event (WHATWG HTML 9.2.6), and the most of one event held: aiohttp's
 # own read buffer is of this order, and a token's event with logprobs is ~1 KiB.
@@ -42,16 +43,14 @@ class ErrorWatcher:
         return self.aborts > 0
 
     def _choices(self, data: bytes, end: int) -> None:
-        """Count the choice events in `data[:end]` (whole lines only: a key is never cut)."""
-        at = data.find(_FINISH, 0, end)
-        while at >= 0:
-            self.events += 1
-            at += len(_FINISH)
-            if data[at : at + 1] != b"n":  # not null: the choice's last event
-                self.ends += 1
-                if data.startswith(_ABORTED, at):
-                    self.aborts += 1
-            at = data.find(_FINISH, at, end)
+        """Count the choice events in `data[:end]` (whole lines only: a key is never cut): three
+        counts in C, whatever the number of events in the chunk."""
+        events = data.count(_FINISH, 0, end)
+        if events:
+            self.events += events
+            if ends := events - data.count(_UNENDED, 0, end):
+                self.ends += ends
+                self.aborts += data.count(_ABORT, 0, end)
 
     def take(self) -> list[Any]:
         """The error events found since the last call."""

@@ -9,8 +9,8 @@ compact JSON is a key, never generated text.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -23,28 +23,39 @@ from .history import History
 
 _SPANS = b'"weight_versions":['
 _USAGE_KEY = b'"completion_tokens":'
+_DIGITS = re.compile(rb"\d{1,18}")
 _ENDED = b'"finish_reason":"'  # a choice's last event: its reason is a string, not null
 
 
-@dataclass(slots=True)
 class Counts:
     """An answer's tokens as it tells them: per choice its tokens (None: not told) and spans
     (None: none), and the answer's total (`usage.completion_tokens`; None: not told)."""
 
-    choices: list[tuple[int | None, Sequence[Span] | None]] = field(default_factory=list)
-    total: int | None = None
+    __slots__ = ("choices", "total")
+
+    def __init__(
+        self,
+        choices: list[tuple[int | None, Sequence[Span] | None]] | None = None,
+        total: int | None = None,
+    ) -> None:
+        self.choices = [] if choices is None else choices
+        self.total = total
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Counts) and (self.choices, self.total) == (
+            other.choices,
+            other.total,
+        )
+
+    def __repr__(self) -> str:
+        return f"Counts({self.choices!r}, total={self.total!r})"
 
 
 def _usage(data: bytes) -> int | None:
     """The last `completion_tokens` (a stream's usage is cumulative)."""
     at = data.rfind(_USAGE_KEY)
-    if at < 0:
-        return None
-    at += len(_USAGE_KEY)
-    end = at
-    while data[end : end + 1].isdigit():
-        end += 1
-    return int(data[at:end]) if end > at else None
+    digits = _DIGITS.match(data, at + len(_USAGE_KEY)) if at >= 0 else None
+    return int(digits.group()) if digits is not None else None
 
 
 def of_body(body: bytes) -> Counts | None:
