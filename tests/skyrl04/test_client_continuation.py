@@ -27,6 +27,9 @@ GENERATE = "/inference/v1/generate"
 # Ten seconds of generation and more (DevVllm): still running when the cut lands at its first
 # tokens, though any process here can wait seconds for a core while vLLM spins on both.
 MAX_TOKENS = 4000
+# On two cores a cut can still land outside the generation (docs/testing.md): the scenario runs
+# again then, as tests/e2e/test_e2e_continuation.py's `with_a_cut` does; each answer must be whole.
+ATTEMPTS = 3
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +55,20 @@ async def tokens(vllm: DevVllm) -> float:
         return await metric(http, f"{vllm.url}/metrics", "vllm:generation_tokens_total")
 
 
+async def running(vllm: DevVllm) -> float:
+    """How many requests vLLM has in its batches now, by its own /metrics."""
+    async with aiohttp.ClientSession() as http:
+        return await metric(http, f"{vllm.url}/metrics", "vllm:num_requests_running")
+
+
 async def generating(vllm: DevVllm, before: float) -> None:
-    """Until vLLM itself generates the request's tokens, so that the cut that follows lands
-    inside the generation on any machine. A fixed second after the sidecar sent it did not: on
-    one CI run the stock client got all its tokens with no cut at all."""
+    """Until vLLM itself runs the request and generates its tokens, so that the cut that
+    follows lands inside the generation on any machine. A fixed second after the sidecar sent
+    it did not (on one CI run the stock client got all its tokens with no cut at all), nor did
+    new tokens alone (a flake hunt: the counter moved before the request was in a batch)."""
 
     async def started() -> bool:
-        return await tokens(vllm) > before
+        return await running(vllm) >= 1 and await tokens(vllm) > before
 
     await eventually(started, "vLLM generates the request's tokens", within=60)
 
@@ -67,24 +77,31 @@ async def generating(vllm: DevVllm, before: float) -> None:
 async def test_the_stock_client_gets_every_token_across_an_abort(
     vllm: DevVllm, front: Sidecar, phase: str
 ) -> None:
-    client = stock(url(front), model=vllm.hf_path)
-    try:
-        before = await tokens(vllm)
-        asked = asyncio.create_task(client.generate(batch(1)))
-        await generating(vllm, before)
-        if phase == "pause":
-            await client.pause(mode="abort")
-            await client.resume()
-        else:
-            await client.sleep(level=1)  # no mode: vLLM's default, abort
-            await client.wake_up()
-        out = await asked
-    finally:
-        await client.teardown()
-    assert out["stop_reasons"] == ["length"]
-    assert len(out["response_ids"][0]) == MAX_TOKENS
-    cut = front.metric("vllm_sidecar_continuations_total", route=GENERATE, outcome="continued")
-    assert cut >= 1
+    continued = 0.0
+    for attempt in range(ATTEMPTS):
+        client = stock(url(front), model=vllm.hf_path)
+        try:
+            before = await tokens(vllm)
+            asked = asyncio.create_task(client.generate(batch(1)))
+            await generating(vllm, before)
+            if phase == "pause":
+                await client.pause(mode="abort")
+                await client.resume()
+            else:
+                await client.sleep(level=1)  # no mode: vLLM's default, abort
+                await client.wake_up()
+            out = await asked
+        finally:
+            await client.teardown()
+        # Whole in every attempt, cut or not.
+        assert out["stop_reasons"] == ["length"]
+        assert len(out["response_ids"][0]) == MAX_TOKENS
+        labels = {"route": GENERATE, "outcome": "continued"}
+        if (now := front.metric("vllm_sidecar_continuations_total", **labels)) > continued:
+            return
+        print(f"attempt {attempt}: the cut landed outside the generation")
+        continued = now
+    pytest.fail(f"no cut landed during a generation in {ATTEMPTS} attempts")
 
 
 async def test_the_companion_says_which_weights_made_which_tokens(
