@@ -77,7 +77,7 @@ async def test_by_default_a_hold_lasts_as_long_as_the_pause(
 
 async def test_a_client_asks_for_its_own_hold_deadline(defaults: Sidecar, fake: FakeVLLM) -> None:
     """X-Sidecar-Hold-Timeout: a 503 with Retry-After once it passes; 0 refuses at once."""
-    # Guards: gate._asked_deadline feeding Lifecycle.admit's deadline.
+    # Guards: holds.asked_deadline feeding Lifecycle.admit's deadline.
     await control(defaults, "/pause")
     started = time.monotonic()
     resp = await complete(defaults, headers={HOLD: "0.3"})
@@ -97,7 +97,7 @@ async def test_a_client_asks_for_its_own_hold_deadline(defaults: Sidecar, fake: 
 async def test_a_bad_hold_deadline_is_the_clients_error(
     defaults: Sidecar, fake: FakeVLLM, value: str
 ) -> None:
-    # Guards: gate._asked_deadline's check (a bad value must not mean "hold forever").
+    # Guards: holds.asked_deadline's check (a bad value must not mean "hold forever").
     await control(defaults, "/pause")
     resp = await complete(defaults, headers={HOLD: value})
     error = await assert_envelope(resp, 400, "invalid_request")

@@ -13,6 +13,7 @@ from proxy.core.errors import ShuttingDown, SidecarFailure, UpstreamInvalidRespo
 from proxy.core.headers import drop, response_headers
 from proxy.core.routes import rule
 from proxy.core.sse import ErrorWatcher, EventFramer, is_event_stream
+from proxy.core.upstream_body import no_choices
 from proxy.engine.tally import Tally
 from proxy.observe.metrics import Metrics
 from proxy.observe.record import RequestRecord
@@ -27,26 +28,12 @@ from .flow import Flow
 # drops mid-body still gets the client a proper 502 envelope instead of a cut body.
 BUFFER_LIMIT = 16 * 1024 * 1024
 
-# A generation answered 200 with no choice at all is never vLLM's (it answers n >= 1 choices or
-# an error); relayed, SkyRL's clients index it and die with an IndexError far from the cause.
-# JSON escapes every quote inside a string, so these bytes can only be the key and its value.
-_CHOICES_KEY = b'"choices":'
-
-
-def _no_choices(body: bytes) -> bool:
-    """The first `"choices":` key (vLLM writes it before any nested object) holds `[]`."""
-    at = body.find(_CHOICES_KEY)
-    if at < 0:
-        return False
-    value = body[at + len(_CHOICES_KEY) : at + len(_CHOICES_KEY) + 16].lstrip()
-    return value[:1] == b"[" and value[1:].lstrip()[:1] == b"]"
-
 
 async def buffered_reply(
     rec: RequestRecord, resp: aiohttp.ClientResponse, body: bytes | None = None
 ) -> web.Response:
     body = await resp.read() if body is None else body
-    if resp.status == 200 and rule(rec.route).choices and _no_choices(body):
+    if resp.status == 200 and rule(rec.route).choices and no_choices(body):
         raise UpstreamInvalidResponse(
             f"The upstream answered 200 for {rec.method} {rec.path} with an empty `choices` "
             "list: a generation has at least one choice."

@@ -1,5 +1,6 @@
-"""An upstream's error body as the envelope attaches it: decoded (JSON, else text) and its
-human message found, whatever its shape; never raises."""
+"""An upstream's body as the sidecar judges it: an error body as the envelope attaches it,
+decoded (JSON, else text) with its human message found, whatever its shape (never raises); a
+generation's body without a choice."""
 
 from __future__ import annotations
 
@@ -43,3 +44,18 @@ def upstream_message(body: Any) -> str:
         text = " ".join(body.split())
         return text[:500] if text else "(empty body)"
     return "(empty body)" if body is None else str(body)[:500]
+
+
+# A generation answered 200 with no choice at all is never vLLM's (it answers n >= 1 choices or
+# an error); relayed, SkyRL's clients index it and die with an IndexError far from the cause.
+# JSON escapes every quote inside a string, so these bytes can only be the key and its value.
+_CHOICES_KEY = b'"choices":'
+
+
+def no_choices(body: bytes) -> bool:
+    """The first `"choices":` key (vLLM writes it before any nested object) holds `[]`."""
+    at = body.find(_CHOICES_KEY)
+    if at < 0:
+        return False
+    value = body[at + len(_CHOICES_KEY) : at + len(_CHOICES_KEY) + 16].lstrip()
+    return value[:1] == b"[" and value[1:].lstrip()[:1] == b"]"

@@ -13,21 +13,20 @@ import orjson
 from aiohttp import web
 
 from proxy.core.control import plane
-from proxy.core.errors import InvalidRequest, PhaseRefusal, Unauthorized
+from proxy.core.errors import PhaseRefusal, Unauthorized
 from proxy.core.phase import SERVING, next_version
 from proxy.core.routes import CONTROL, SYNC_END, normalized, rule
 from proxy.core.sse import is_event_stream
 from proxy.observe.record import RequestRecord
 
+from .holds import HOLD_TIMEOUT, asked_deadline
 from .lifecycle import LIFECYCLE, Lifecycle
-from .tally import Counts, Tally, count, of_body
+from .tally import Counts, Tally, answered, of_body
 
 WEIGHT_VERSION = "X-Weight-Version"
 # The version at the end, when it differs from the one the answer started with.
 WEIGHT_VERSION_END = "X-Weight-Version-End"
 _ABORT = b'"finish_reason":"abort"'  # vLLM's compact JSON, in bodies and SSE events alike
-# A client's own deadline for waiting out a phase, in seconds (0: refuse at once).
-HOLD_TIMEOUT = "X-Sidecar-Hold-Timeout"
 
 _UNTOUCHED = contextlib.nullcontext()
 _CHAT = "/v1/chat/completions"
@@ -96,7 +95,9 @@ def admit(request: web.Request, rec: RequestRecord) -> EngineHandle:
         handle = request[ENGINE] = Control(lifecycle, rec, request)
         handle.authorize(request.headers.get("Authorization"))
     else:
-        handle = request[ENGINE] = Data(lifecycle, rec, _asked_deadline(request))
+        handle = request[ENGINE] = Data(
+            lifecycle, rec, asked_deadline(request.headers.get(HOLD_TIMEOUT))
+        )
     return handle
 
 
@@ -115,22 +116,6 @@ def admissible(request: web.Request) -> bool:
 def stamp(request: web.Request, response: web.StreamResponse) -> None:
     """The response-prepare hook: the request's handle stamps its answer."""
     request.get(ENGINE, NOTHING).stamp(response)
-
-
-def _asked_deadline(request: web.Request) -> float | None:
-    """The client's own hold deadline (monotonic), if it set one."""
-    value = request.headers.get(HOLD_TIMEOUT)
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds < float("inf"):
-        raise InvalidRequest(
-            f"{HOLD_TIMEOUT} must be a number of seconds, 0 or more; got `{value[:50]}`."
-        )
-    return time.monotonic() + seconds
 
 
 class Control(EngineHandle):
@@ -240,18 +225,9 @@ class Data(EngineHandle):
         return Tally(chat=route == _CHAT) if rule(route).choices else None
 
     def generated(self, counts: Counts | None) -> None:
-        if counts is None or self.counted:
-            return
-        self.counted = True
-        lifecycle = self.lifecycle
-        count(
-            lifecycle.metrics,
-            self.rec.route,
-            counts,
-            start=self.version,
-            end=lifecycle.version,
-            history=lifecycle.state.history,
-        )
+        if counts is not None and not self.counted:
+            self.counted = True
+            answered(self.lifecycle, self.rec.route, counts, self.version)
 
     def aborted(self) -> None:
         """Counted outside serving; called however the stream ended, also when the client

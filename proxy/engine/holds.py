@@ -10,13 +10,31 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from proxy.core import phase
-from proxy.core.errors import PhaseRefusal
+from proxy.core.errors import InvalidRequest, PhaseRefusal
 from proxy.core.phase import SERVING
 from proxy.observe.engine_metrics import EngineMetrics
 from proxy.observe.record import RequestRecord
 
 from .stalls import Stalls
 from .state import EngineState
+
+# A client's own deadline for waiting out a phase, in seconds (0: refuse at once).
+HOLD_TIMEOUT = "X-Sidecar-Hold-Timeout"
+
+
+def asked_deadline(value: str | None) -> float | None:
+    """The client's own hold deadline (monotonic) from its HOLD_TIMEOUT header, if it set one."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise InvalidRequest(
+            f"{HOLD_TIMEOUT} must be a number of seconds, 0 or more; got `{value[:50]}`."
+        )
+    return time.monotonic() + seconds
 
 
 class Holds:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -20,6 +20,9 @@ from proxy.core.sse import ErrorWatcher
 from proxy.observe.engine_metrics import EngineMetrics
 
 from .history import History
+
+if TYPE_CHECKING:
+    from .lifecycle import Lifecycle
 
 _SPANS = b'"weight_versions":['
 _USAGE_KEY = b'"completion_tokens":'
@@ -155,6 +158,12 @@ class Tally:
             untold = watcher.aborts + (watcher.ends if self.chat else 0)
             counts.total = max(watcher.events - untold, 0)
         return counts
+
+
+def answered(lifecycle: Lifecycle, route: str, counts: Counts, start: str | None) -> None:
+    """A data request's answer ended: count it against the pod's state now."""
+    state = lifecycle.state
+    count(lifecycle.metrics, route, counts, start=start, end=state.version, history=state.history)
 
 
 def count(

@@ -102,3 +102,10 @@ def test_decode_body_cases(
 )
 def test_upstream_message_more_shapes(body: object, message: str) -> None:
     assert upstream_body.upstream_message(body) == message
+
+
+def test_no_choices_is_the_first_choices_key_holding_an_empty_list() -> None:
+    assert upstream_body.no_choices(b'{"id":"x","choices":[],"usage":{}}')
+    assert upstream_body.no_choices(b'{"choices": [ ]}')
+    assert not upstream_body.no_choices(b'{"choices":[{"index":0,"text":"\\"choices\\":[]"}]}')
+    assert not upstream_body.no_choices(b'{"object":"list","data":[]}')
