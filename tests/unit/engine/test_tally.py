@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 from proxy.core.offpolicy import Span
 from proxy.core.sse import ErrorWatcher
 from proxy.engine.history import SIDECAR, VLLM, History
-from proxy.engine.tally import Counts, Tally, count, joined, of_body
+from proxy.engine.tally import PARSE_LIMIT, Counts, Tally, count, joined, of_body
 from proxy.observe.engine_metrics import EngineMetrics
 
 
@@ -25,8 +25,15 @@ def test_a_body_without_spans_is_told_by_its_usage_alone() -> None:
     body = orjson.dumps(
         {"choices": [delta("ab", "length")], "usage": {"prompt_tokens": 3, "completion_tokens": 12}}
     )
-    assert of_body(body) == Counts(total=12)
+    assert of_body(body) == Counts([], total=12)
     assert of_body(b'{"object":"list","data":[]}') is None
+
+
+def test_a_body_past_the_parse_limit_is_told_by_its_usage() -> None:
+    spans = [{"version": "a", "start": 0, "end": 2}]
+    choice = {"index": 0, "text": "x" * PARSE_LIMIT, "weight_versions": spans}
+    body = orjson.dumps({"choices": [choice], "usage": {"completion_tokens": 2}})
+    assert of_body(body) == Counts([], total=2)
 
 
 def test_a_body_with_spans_is_told_choice_by_choice() -> None:
@@ -69,7 +76,7 @@ def test_a_stream_counts_one_token_per_choice_event() -> None:
     for text in ("a", "b"):
         stream.feed(event([delta(text)]))
     stream.feed(event([delta("c", "length")]) + b"data: [DONE]\n\n")
-    assert stream.counts() == Counts(total=3)
+    assert stream.counts() == Counts([], total=3)
 
 
 def test_an_event_split_across_chunks_is_counted_once() -> None:
@@ -77,7 +84,7 @@ def test_an_event_split_across_chunks_is_counted_once() -> None:
     whole = event([delta("a")]) + event([delta("b", "length")])
     for start, end in ((0, 10), (10, 95), (95, 150), (150, len(whole))):
         stream.feed(whole[start:end])
-    assert stream.counts() == Counts(total=2)
+    assert stream.counts() == Counts([], total=2)
 
 
 def test_a_chat_streams_role_events_and_an_abort_carry_no_token() -> None:
@@ -86,7 +93,7 @@ def test_a_chat_streams_role_events_and_an_abort_carry_no_token() -> None:
     stream.feed(event([role]))
     stream.feed(event([{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]))
     stream.feed(event([{"index": 0, "delta": {"content": ""}, "finish_reason": "abort"}]))
-    assert stream.counts() == Counts(total=1)
+    assert stream.counts() == Counts([], total=1)
 
 
 def test_a_streams_usage_is_the_count_where_it_was_asked_for() -> None:
