@@ -87,6 +87,7 @@ class ChaosVLLM(FakeVLLM):
     restarts: int = 0
     calm: bool = False  # the warm-up: no fault of its own
     _runner: web.AppRunner | None = None
+    _listener: socket.socket = field(init=False)
 
     def __post_init__(self) -> None:
         self.served = [(MODEL, "/models/sidecar-test/tiny-model")]
@@ -102,7 +103,8 @@ class ChaosVLLM(FakeVLLM):
             access_log=None,
         )
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", self.port).start()
+        self._listener = socket.create_server(("127.0.0.1", self.port))  # SO_REUSEADDR
+        await web.SockSite(runner, self._listener).start()
         self._runner = runner
 
     async def stop(self) -> None:
@@ -110,6 +112,14 @@ class ChaosVLLM(FakeVLLM):
         runner, self._runner = self._runner, None
         if runner is None:
             return
+        # asyncio's Server.close() races an accept made in the same loop turn: that transport
+        # cannot attach to the closed server and is left, unclosed, to the garbage collector
+        # (CPython 3.11-3.13, selector_events._accept_connection2). So accepting stops first,
+        # and what was accepted reaches aiohttp (one turn for the transport, one for
+        # connection_made) before every connection is reset.
+        asyncio.get_running_loop().remove_reader(self._listener.fileno())
+        for _ in range(2):
+            await asyncio.sleep(0)
         assert runner.server is not None
         for handler in runner.server.connections:
             transport = handler.transport
