@@ -44,8 +44,8 @@ unit:
 faults-aiohttp: test-env
 	VLLM_SIDECAR_UPSTREAM_CLIENT=aiohttp $(BIN)/pytest -m hop --durations=10
 
-## The flake hunt: the real-vLLM tiers N times, then every test that failed at least once, with its
-## failure (scripts/flaky.py; about 15 minutes a round on two cores).
+## The flake hunt: the real-vLLM tiers and the load tier N times, then every test that failed at
+## least once, with its failure (scripts/flaky.py; about 10 minutes a round on two cores).
 N ?= 5
 flaky: test-env
 	python3 scripts/flaky.py --rounds $(N)

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""The flake hunt (`make flaky N=5`): the real-vLLM tiers N times, and every test that failed at
-least once, with how often and its first failure.
+"""The flake hunt (`make flaky N=5`): the real-vLLM tiers and the load tier N times, and every test
+that failed at least once, with how often and its first failure.
 
 A test that fails one run in five fails CI one submission in five: this finds it before CI does.
 Each round runs the 3.11 suite's `-m vllm` tests, then tests/skyrl04's, as `make test` runs them
-(their own venvs), each into a JUnit XML file; the table is read from those files. Exit 1 when
+(their own venvs), then the fake-upstream load tests (the chaos run, load, memory: timing-bound on
+two cores too, and CI runs the chaos run twice), each into a JUnit XML file; the table is read from those files. Exit 1 when
 any test failed in any round. Standard library only.
 """
 
@@ -23,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TIERS = {
     "suite": [".venv/bin/pytest", "-m", "vllm"],
     "skyrl04": [".venv-skyrl04/bin/pytest", "tests/skyrl04", "-m", "vllm"],
+    "load": [".venv/bin/pytest", "tests/reliability", "-m", "slow and not vllm"],
 }
 
 
@@ -62,7 +64,7 @@ def run_round(number: int, tiers: list[str], out: Path) -> dict[str, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", "--rounds", type=int, default=5)
-    parser.add_argument("--tiers", default=",".join(TIERS), help="comma-separated: suite,skyrl04")
+    parser.add_argument("--tiers", default=",".join(TIERS), help="comma-separated: suite,skyrl04,load")
     parser.add_argument("--out", type=Path, help="keep the reports and logs here")
     args = parser.parse_args()
     tiers = args.tiers.split(",")
