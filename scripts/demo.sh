@@ -44,24 +44,29 @@ group_alive() {  # any process of group $1 that is not a zombie
 groups=()
 cleanup() {
   trap - EXIT INT TERM
-  for pgid in "${groups[@]}"; do kill -TERM -- "-$pgid" 2>/dev/null || true; done
+  # Each group, and its leader by pid: stopped before its `setsid` ran, it has no group yet.
+  for pgid in "${groups[@]}"; do kill -TERM -- "-$pgid" "$pgid" 2>/dev/null || true; done
   for _ in $(seq 1 100); do
     alive=0
-    for pgid in "${groups[@]}"; do group_alive "$pgid" && alive=1; done
+    for pgid in "${groups[@]}"; do
+      { group_alive "$pgid" || kill -0 "$pgid" 2>/dev/null; } && alive=1
+    done
     [ "$alive" = 0 ] && break
     sleep 0.2
   done
-  for pgid in "${groups[@]}"; do kill -KILL -- "-$pgid" 2>/dev/null || true; done
+  for pgid in "${groups[@]}"; do kill -KILL -- "-$pgid" "$pgid" 2>/dev/null || true; done
   rm -rf "$run"
   echo "stopped everything the demo started"
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
-wait_for() {  # URL WHAT LOG PGID
+wait_for() {  # URL WHAT LOG PID
   for _ in $(seq 1 600); do
     curl -sf -o /dev/null "$1" && return 0
-    if ! group_alive "$4"; then
+    # The process itself: its group exists only once `setsid` has run in it.
+    if ! kill -0 "$4" 2>/dev/null; then
       echo "$2 exited; the end of its log:" >&2
       tail -n 40 "$3" >&2
       exit 1

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -77,7 +78,20 @@ def test_demo_shows_the_answers_and_the_metrics(ports: dict[str, str]) -> None:
     assert leftovers(ports) == []
 
 
-def test_interrupted_demo_stops_what_it_started(ports: dict[str, str]) -> None:
+# Ctrl-C in a terminal signals the foreground process group: the script and the command it waits
+# on. A SIGINT to the script alone is not a reliable interrupt for any bash script: bash defers it
+# while a foreground command runs, and drops it when that command exits normally, assuming the
+# command handled it ("wait and cooperative exit"; seen once in a few dozen runs under load, the
+# demo then ran to its end). SIGTERM to the script alone (`kill`, a container runtime) runs its
+# trap.
+@pytest.mark.parametrize(
+    ("send", "sig", "status"),
+    [(os.killpg, signal.SIGINT, 130), (os.kill, signal.SIGTERM, 143)],
+    ids=["ctrl-c", "term"],
+)
+def test_interrupted_demo_stops_what_it_started(
+    ports: dict[str, str], send: Callable[[int, int], None], sig: signal.Signals, status: int
+) -> None:
     proc = demo(ports)
     try:
         assert proc.stdout is not None
@@ -85,12 +99,12 @@ def test_interrupted_demo_stops_what_it_started(ports: dict[str, str]) -> None:
             if "Starting vLLM" in line:
                 break
         wait_until(lambda: processes_with_args("--port", ports["VLLM_PORT"]), "vLLM starts", 60)
-        os.kill(proc.pid, signal.SIGINT)  # the script alone, as `timeout -s INT` would
+        send(proc.pid, sig)  # its own session: the group is the demo and what it runs in front
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == 130
+    assert proc.returncode == status, out[-3000:]
     assert "stopped everything the demo started" in out
     assert leftovers(ports) == []
