@@ -5,8 +5,8 @@ that failed at least once, with how often and its first failure.
 A test that fails one run in five fails CI one submission in five: this finds it before CI does.
 Each round runs the 3.11 suite's `-m vllm` tests, then tests/skyrl04's, as `make test` runs them
 (their own venvs), then the fake-upstream load tests (the chaos run, load, memory: timing-bound on
-two cores too, and CI runs the chaos run twice), each into a JUnit XML file; the table is read from those files. Exit 1 when
-any test failed in any round. Standard library only.
+two cores too, and CI runs the chaos run twice), each into a JUnit XML file; the table is read
+from those files. Exit 1 when any test failed in any round. Standard library only.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def run_round(number: int, tiers: list[str], out: Path) -> dict[str, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", "--rounds", type=int, default=5)
-    parser.add_argument("--tiers", default=",".join(TIERS), help="comma-separated: suite,skyrl04,load")
+    tiers_help = "comma-separated: suite,skyrl04,load"
+    parser.add_argument("--tiers", default=",".join(TIERS), help=tiers_help)
     parser.add_argument("--out", type=Path, help="keep the reports and logs here")
     args = parser.parse_args()
     tiers = args.tiers.split(",")
