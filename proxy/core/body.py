@@ -25,7 +25,10 @@ from .modelkeys import TooComplex, leading_model, model_spans
 # Longer than any served name or local path; a longer one is refused rather than resolved,
 # logged and compared with every served name (difflib is quadratic).
 MAX_MODEL_CHARS = 1024
-_MAX_MODEL_SPAN = 6 * MAX_MODEL_CHARS + 2  # every character a `\uXXXX` escape, and the quotes
+# The most bytes a value of MAX_MODEL_CHARS characters takes as JSON: a character outside the BMP
+# escaped as a surrogate pair (`\ud83d\ude00`, as Python's json.dumps writes an emoji) is 12
+# bytes, and the quotes. The cap counts characters, however they are written.
+_MAX_MODEL_SPAN = 12 * MAX_MODEL_CHARS + 2
 # orjson names the syntax error best, but in one call over the whole body: only this much.
 _ORJSON_MESSAGE_BYTES = 1 << 20
 # About a second or two of scanning on a small machine; a body that needs more before its
@@ -56,10 +59,10 @@ def _syntax_error(body: bytes, pos: int) -> InvalidJSON:
     return InvalidJSON("The request body is not valid JSON")
 
 
-def _too_long(size: int) -> InvalidModel:
+def _too_long(size: int, unit: str = "characters") -> InvalidModel:
     return InvalidModel(
-        f"The `model` value is {size} characters long; no served name is longer than "
-        f"{MAX_MODEL_CHARS}.",
+        f"The `model` value is {size} {unit} long; no served name is longer than "
+        f"{MAX_MODEL_CHARS} characters.",
         param="model",
     )
 
@@ -68,7 +71,7 @@ def _field(body: bytes, start: int, end: int) -> ModelField:
     if body[start] != 0x22:
         return ModelField(None, start, end)
     if end - start > _MAX_MODEL_SPAN:
-        raise _too_long(end - start - 2)
+        raise _too_long(end - start - 2, "bytes")  # more than MAX_MODEL_CHARS characters
     try:
         value = orjson.loads(body[start:end])
     except orjson.JSONDecodeError as exc:

@@ -66,6 +66,13 @@ async def test_hang_up_mid_stream_cancels_the_upstream(sidecar: Sidecar, fake: F
     await eventually(lambda: fake.cancelled == ["/v1/completions"])
     await wait_metric(sidecar, "vllm_sidecar_client_disconnects_total", 1, route="/v1/completions")
     await wait_metric(sidecar, "vllm_sidecar_in_flight_requests", 0, route="/v1/completions")
+    # Counted at the status it was already sent, as nginx counts it (README, Metrics): 499 is
+    # for a client gone before its status line, or one a failed write found gone.
+    for status, count in (("200", 1), ("499", 0)):
+        requests = sidecar.metric(
+            "vllm_sidecar_requests_total", route="/v1/completions", method="POST", status=status
+        )
+        assert requests == count, status
 
 
 async def test_production_hang_up_before_the_body_and_mid_stream(

@@ -254,8 +254,22 @@ def test_model_name_longer_than_any_served_one_is_refused() -> None:
     assert (field := find_model(b'{"model": "' + b"a" * MAX_MODEL_CHARS + b'"}')) is not None
     assert field.value == "a" * MAX_MODEL_CHARS
     for value in (b"a" * (MAX_MODEL_CHARS + 1), b"\\u0061" * (MAX_MODEL_CHARS + 1), b"a" * 10**7):
-        with pytest.raises(InvalidModel, match="characters long"):
+        with pytest.raises(InvalidModel, match=r"(characters|bytes) long"):
             find_model(b'{"model": "' + value + b'"}')
+
+
+def test_model_length_is_counted_in_characters_however_they_are_escaped() -> None:
+    # 600 emoji are 600 characters: as UTF-8 (2,400 bytes) and as json.dumps escapes them
+    # (surrogate pairs, 7,200 bytes) alike; the cap is on characters, not bytes.
+    emoji = "\U0001f600" * 600
+    for raw in (json.dumps({"model": emoji}), json.dumps({"model": emoji}, ensure_ascii=False)):
+        assert (field := find_model(raw.encode())) is not None
+        assert field.value == emoji
+    longest = "\U0001f600" * MAX_MODEL_CHARS
+    assert (field := find_model(json.dumps({"model": longest}).encode())) is not None
+    assert field.value == longest
+    with pytest.raises(InvalidModel, match=r"(characters|bytes) long"):
+        find_model(json.dumps({"model": longest + "a"}).encode())
 
 
 def test_a_scan_past_its_slices_stops_and_keeps_a_model_it_found() -> None:
