@@ -107,8 +107,10 @@ class Guard(asyncio.Protocol):
         follow a body that has not ended but that error, so one queued now is it. Ended as
         well, the body is not read on after its answer (aiohttp's lingering close)."""
         queued = getattr(self.inner, "_messages", ())  # aiohttp 3.14's queue: no public view
+        if not queued or self.body is None:
+            return
         error = next((m for m, _ in queued if not isinstance(m, RawRequestMessage)), None)
-        if error is None or self.body is None:
+        if error is None:
             return
         if self.body.exception() is None:  # aiohttp's pure-Python parser sets its own
             cause = getattr(error, "exc", None)
