@@ -28,15 +28,29 @@ async def handle(request: web.Request) -> web.StreamResponse:
     """The proxy's one handler: its connection's guard told when it starts and ends."""
     conns = request.app[CONNECTIONS]
     guard = connections.started(conns, request)
-    if guard is None:
-        return await _handle(request)
     try:
         response = await _handle(request)
-        if conns.draining:
-            response.force_close()  # answered with `Connection: close`
+        if (guard is not None and conns.draining) or _ends_at_close(request, response):
+            response.force_close()  # answered with `Connection: close` (HTTP/1.1)
         return response
     finally:
-        guard.finished()
+        if guard is not None:
+            guard.finished()
+
+
+def _ends_at_close(request: web.Request, response: web.StreamResponse) -> bool:
+    """Whether nothing can follow this answer on its connection: its request's body could not
+    be framed (what comes next is unknowable), or it is a body without a length to an HTTP/1.0
+    client, which ends only at the close (RFC 9112 section 6.3), as nginx closes it, whatever
+    `Connection: keep-alive` asked. (aiohttp drops the field then, but keeps the connection.)"""
+    if request.content.exception() is not None:
+        return True
+    return (
+        request.version < HttpVersion11
+        and response.content_length is None
+        and request.method != "HEAD"
+        and response.status not in (204, 304)
+    )
 
 
 async def _handle(request: web.Request) -> web.StreamResponse:
@@ -121,7 +135,9 @@ async def expect(request: web.Request) -> None:
     if request.version != HttpVersion11:
         return
     if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
-        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers[hdrs.EXPECT]}")
+        # RFC 9110 section 10.1.1 allows a 417; nginx and uvicorn ignore an expectation they do
+        # not know and serve the request, and so does the sidecar (it goes no further).
+        return
     limit = request.app[OPTIONS].max_body_bytes
     too_large = request.content_length is not None and request.content_length > limit
     if too_large or not admissible(request):

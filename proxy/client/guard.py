@@ -10,7 +10,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Protocol, cast
 
-from aiohttp import StreamReader
+from aiohttp import StreamReader, web
+from aiohttp.http import RawRequestMessage
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,8 @@ class Guard(asyncio.Protocol):
         if not self.busy and self.head_since is None:
             self.head_since = self.last_rx
         self.inner.data_received(data)
+        if self.body is not None and not self.body.is_eof():
+            self._check_body()
 
     def eof_received(self) -> bool | None:
         keep_open = self.inner.eof_received()
@@ -92,6 +95,29 @@ class Guard(asyncio.Protocol):
     def started(self, body: StreamReader) -> None:
         self.busy, self.body, self.head_since = True, body, None
         self.window_start, self.window_bytes = self.watch.now(), 0
+        if not body.is_eof():
+            self._check_body()  # its bad bytes may have come before its handler started
+
+    def _check_body(self) -> None:
+        """A body the parser gave up on ends, with the parser's error, for whoever reads it.
+
+        aiohttp's C parser raises a body's framing error (a chunk size `zz`, data past a
+        chunk's size) from `feed_data`, and its protocol queues it as the next message, leaving
+        the body unended: the handler would wait on it until the body timeout. No message can
+        follow a body that has not ended but that error, so one queued now is it. Ended as
+        well, the body is not read on after its answer (aiohttp's lingering close)."""
+        queued = getattr(self.inner, "_messages", ())  # aiohttp 3.14's queue: no public view
+        if not queued or self.body is None:
+            return
+        error = next((m for m, _ in queued if not isinstance(m, RawRequestMessage)), None)
+        if error is None:
+            return
+        if self.body.exception() is None:  # aiohttp's pure-Python parser sets its own
+            cause = getattr(error, "exc", None)
+            failure = web.RequestPayloadError(str(getattr(cause, "message", "bad framing")))
+            failure.__cause__ = cause
+            self.body.set_exception(failure)
+        self.body.feed_eof()
 
     def finished(self) -> None:
         self.busy, self.body = False, None

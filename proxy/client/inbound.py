@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from aiohttp import StreamReader, web
-from aiohttp.http_exceptions import ContentEncodingError
+from aiohttp.http_exceptions import BadHttpMessage, ContentEncodingError, HttpProcessingError
 
 from proxy.core.body import (
     MAX_SLICES,
@@ -46,14 +46,27 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         raise BodyTooLarge(
             f"The request body exceeds the limit of {limit} bytes (--max-body-bytes)."
         ) from None
-    except web.RequestPayloadError as exc:  # the parser's own error is its cause
-        if not isinstance(exc.__cause__, ContentEncodingError):
-            raise
-        encoding = request.headers.get("Content-Encoding", "")
+    except (web.RequestPayloadError, BadHttpMessage) as exc:
+        # The parser's error, raised as is or as the cause (aiohttp's C parser wraps it).
+        cause = exc.__cause__ if isinstance(exc, web.RequestPayloadError) else exc
+        if isinstance(cause, ContentEncodingError):
+            encoding = request.headers.get("Content-Encoding", "")
+            raise InvalidRequest(
+                f"The request body is labelled `Content-Encoding: {encoding[:40]}` but does not"
+                " inflate as that; send it as labelled, or uncompressed."
+            ) from None
+        # A chunk size `zz`, data past a chunk's size: nothing after it can be framed, so the
+        # answer closes the connection (forward.py), as nginx's does.
         raise InvalidRequest(
-            f"The request body is labelled `Content-Encoding: {encoding[:40]}` but does not"
-            " inflate as that; send it as labelled, or uncompressed."
+            f"The request body's framing is malformed ({_fault(cause or exc)}); nothing after "
+            "it can be read, and the connection is closed."
         ) from None
+
+
+def _fault(exc: BaseException) -> str:
+    # The parser's message goes on to quote the client's bytes; its first line names the fault.
+    text = exc.message if isinstance(exc, HttpProcessingError) else str(exc)
+    return str(text).partition("\n")[0].rstrip(":")[:200]
 
 
 def _wants_model(request: web.Request) -> bool:

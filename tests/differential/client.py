@@ -4,6 +4,7 @@ as RFC 9112 frames it, then a next request on the same connection to see whose a
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from tests.differential.wire import MAX_HEAD, WAIT, Body, Fields, WireError, read_body, read_head
@@ -33,14 +34,30 @@ class Seen:
         return parts[2] if len(parts) == 3 else ""
 
 
-async def through(port: int, request: bytes, next_target: str, *, head_only: bool = False) -> Seen:
-    """Send `request` to the hop at `port`; then `GET next_target` on the same connection."""
+# What to send after the request, once the awaitable returns (the hop has read the request).
+Then = tuple[Callable[[], Awaitable[None]], bytes]
+
+
+async def through(
+    port: int,
+    request: bytes,
+    next_target: str,
+    *,
+    head_only: bool = False,
+    then: Then | None = None,
+) -> Seen:
+    """Send `request` to the hop at `port`; then `GET next_target` on the same connection.
+    `then`: its bytes too, once its awaitable returns."""
     reader, writer = await asyncio.wait_for(
         asyncio.open_connection("127.0.0.1", port, limit=MAX_HEAD), WAIT
     )
     try:
         writer.write(request)
         await asyncio.wait_for(writer.drain(), WAIT)
+        if then is not None:
+            ready, rest = then
+            await asyncio.wait_for(ready(), WAIT)
+            writer.write(rest)
         interim: list[int] = []
         try:
             while (head := await read_head(reader)) is not None and 100 <= head.status < 200:

@@ -12,13 +12,15 @@ import contextlib
 import itertools
 import shutil
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import TypeVar
 
 from tests.differential.upstream import Upstream
+from tests.differential.wire import WAIT
+from tests.metrics import scrape
 from tests.processes import ManagedProcess, SidecarProcess
-from tests.support import free_port, http_status
+from tests.support import eventually, free_port, http_status
 
 T = TypeVar("T")
 
@@ -132,6 +134,22 @@ class Peers:
     @property
     def hops(self) -> tuple[str, ...]:
         return tuple(self.ports)
+
+    def head_read(self, hop: str) -> Callable[[], Awaitable[None]]:
+        """What returns once `hop` has read a request's head: a sidecar's handler is in flight.
+        nginx reads a body as it comes, and answers alike however its bytes arrive."""
+        process = self.processes[hop]
+
+        async def in_flight() -> bool:
+            assert isinstance(process, SidecarHop)
+            metrics = await scrape(process.admin_url)
+            return metrics.total("vllm_sidecar_in_flight_requests", {}) > 0
+
+        async def read() -> None:
+            if isinstance(process, SidecarHop):
+                await eventually(in_flight, f"{hop} reads the request's head", WAIT)
+
+        return read
 
     def case(self) -> str:
         """A fresh case id: the upstream keys answers and arrivals by it."""

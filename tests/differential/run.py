@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tests.differential.accepted import Case, accepted_as
 from tests.differential.answers import Answer, answers
-from tests.differential.client import Seen, through
+from tests.differential.client import Seen, Then, through
 from tests.differential.client_requests import Ask, asks
 from tests.differential.compare import (
     Difference,
@@ -62,22 +62,29 @@ def _judge(case: Case, views: dict[str, View]) -> Outcome:
     return Outcome(case, tuple(accepted), tuple(open_))
 
 
-async def _each_hop(peers: Peers, request: dict[str, bytes], case: str) -> dict[str, Seen]:
+async def _each_hop(
+    peers: Peers, request: dict[str, bytes], case: str, then: dict[str, Then] | None = None
+) -> dict[str, Seen]:
     hops = tuple(request)
     seen = await asyncio.gather(
-        *(through(peers.ports[hop], request[hop], f"/n/{case}/{hop}") for hop in hops)
+        *(
+            through(peers.ports[hop], request[hop], f"/n/{case}/{hop}", then=(then or {}).get(hop))
+            for hop in hops
+        )
     )
     return dict(zip(hops, seen, strict=True))
 
 
-def answer_case(peers: Peers, answer: Answer) -> Outcome:
+def answer_case(peers: Peers, answer: Answer, *, version: bytes = b"1.1") -> Outcome:
+    """`answer` to a request from each hop; an HTTP/1.0 one asks to keep its connection."""
     case = peers.case()
     peers.upstream.answers[case] = (answer.data, answer.closes)
     body = b'{"x":1}' if answer.method == "POST" else b""
     framing = b"Content-Length: %d\r\n" % len(body) if body else b""
+    framing += b"Connection: keep-alive\r\n" if version == b"1.0" else b""
     request = {
-        hop: b"%s /a/%s/%s HTTP/1.1\r\nHost: differential\r\n%s\r\n%s"
-        % (answer.method.encode(), case.encode(), hop.encode(), framing, body)
+        hop: b"%s /a/%s/%s HTTP/%s\r\nHost: differential\r\n%s\r\n%s"
+        % (answer.method.encode(), case.encode(), hop.encode(), version, framing, body)
         for hop in peers.hops
         if hop != "nginx" or not answer.interim  # nginx 1.22 knows no interim answers
     }
@@ -90,10 +97,17 @@ def answer_case(peers: Peers, answer: Answer) -> Outcome:
     return _judge(answer, views)
 
 
-def request_case(peers: Peers, ask: Ask) -> Outcome:
+def request_case(peers: Peers, ask: Ask, *, split: bool = False) -> Outcome:
+    """`ask` through each hop; `split`: its head first, its body once the hop has read the head
+    (a sidecar: its handler is in flight; nginx answers alike however the bytes arrive)."""
     case = peers.case()
     request = {hop: ask.bytes_to(f"/q/{case}/{hop}") for hop in peers.hops}
-    seen = peers.call(_each_hop(peers, request, case))
+    then: dict[str, Then] = {}
+    if split:
+        cut = len(ask.payload)
+        request = {hop: wire[:-cut] for hop, wire in request.items()}
+        then = {hop: (peers.head_read(hop), ask.payload) for hop in peers.hops}
+    seen = peers.call(_each_hop(peers, request, case, then))
     named = ask.connection_tokens()
     views = {
         hop: request_view(s, peers.upstream.arrivals.pop(f"/q/{case}/{hop}", []), hop, named)

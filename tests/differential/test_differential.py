@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.differential.accepted import ACCEPTED
+from tests.differential.edges import edge_outcomes
 from tests.differential.peers import Peers, running
 from tests.differential.run import sweep
 
@@ -48,3 +49,9 @@ def test_the_accepted_differences_are_the_documented_ones() -> None:
     docs = (Path(__file__).resolve().parents[2] / "docs" / "reliability.md").read_text()
     table = docs.split("| Accepted difference | Why |", 1)[1].split("\n\n", 1)[0]
     assert re.findall(r"^\| `([^`]+)` \|", table, re.MULTILINE) == list(ACCEPTED)
+
+
+def test_the_http1_edges_are_answered_as_nginx_answers_them(peers: Peers) -> None:
+    """Issue 33's items 6-8, with nginx's answer as the reference (`edges.py`)."""
+    outcomes = edge_outcomes(peers)
+    assert not [o.report(accepted=True) for o in outcomes if o.open]

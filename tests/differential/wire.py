@@ -133,7 +133,7 @@ async def read_body(
                 data, trailers, bad = await _chunks(reader)
                 return Body(data, how, trailers, bad)
             if how == "close":
-                return Body(await reader.read(MAX_BODY), how)
+                return Body(await _to_close(reader), how)
     except asyncio.IncompleteReadError as exc:
         return Body(exc.partial, how, (), "closed before the body's end")
     except TimeoutError:
@@ -141,6 +141,14 @@ async def read_body(
     except WireError as exc:
         return Body(b"", how, (), str(exc))
     return Body(b"", how)
+
+
+async def _to_close(reader: asyncio.StreamReader) -> bytes:
+    """A body the close ends: all of it, to the close (one read may return a first part)."""
+    data = bytearray()
+    while len(data) <= MAX_BODY and (part := await reader.read(1 << 16)):
+        data += part
+    return bytes(data)
 
 
 async def _chunks(reader: asyncio.StreamReader) -> tuple[bytes, Fields, str | None]:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import cast
 
-from aiohttp import StreamReader
+from aiohttp import StreamReader, web
+from aiohttp.http_exceptions import TransferEncodingError
+from aiohttp.web_protocol import _ErrInfo
 
 from proxy.client.guard import Guard, Limits
 
@@ -44,9 +47,31 @@ class Transport:
 class Body:
     def __init__(self) -> None:
         self.eof = False
+        self.error: BaseException | None = None
 
     def is_eof(self) -> bool:
         return self.eof
+
+    def exception(self) -> BaseException | None:
+        return self.error
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.error = exc
+
+    def feed_eof(self) -> None:
+        self.eof = True
+
+
+class Handler(asyncio.Protocol):
+    """aiohttp's request handler as its C parser leaves it after a body's framing error: the
+    error queued as the next message (web_protocol.py's `data_received`), the body unended."""
+
+    def __init__(self) -> None:
+        self._messages: deque[tuple[object, object]] = deque()
+
+    def data_received(self, data: bytes) -> None:
+        error = TransferEncodingError("Invalid character in chunk size")
+        self._messages.append((_ErrInfo(status=400, exc=error, message=error.message), None))
 
 
 def connected() -> tuple[Guard, Keeper, Transport]:
@@ -169,3 +194,25 @@ def test_the_sweep_runs_often_enough_for_the_shortest_timeout() -> None:
     assert LIMITS.tick == 0.25
     assert Limits(60, 60, 60, 60, 1).tick == 1.0
     assert Limits(0.01, 60, 60, 60, 1).tick == 0.02
+
+
+def test_a_body_the_parser_gave_up_on_ends_with_its_error() -> None:
+    keeper, handler = Keeper(), Handler()
+    guard = Guard(keeper, handler)
+    guard.connection_made(cast(asyncio.Transport, Transport()))
+    body = reading_body(guard)
+    assert (body.eof, body.error) == (False, None)
+    guard.data_received(b"zz\r\n")
+    assert body.eof  # nothing read after its answer: the connection closes
+    assert isinstance(body.error, web.RequestPayloadError)
+    assert isinstance(body.error.__cause__, TransferEncodingError)
+
+
+def test_a_body_the_parser_gave_up_on_before_its_handler_started_ends_too() -> None:
+    keeper, handler = Keeper(), Handler()
+    guard = Guard(keeper, handler)
+    guard.connection_made(cast(asyncio.Transport, Transport()))
+    guard.data_received(b"zz\r\n")  # its head's message still queued, its handler not started
+    body = reading_body(guard)
+    assert body.eof
+    assert isinstance(body.error, web.RequestPayloadError)
