@@ -114,6 +114,15 @@ class EngineMetrics:
                 registry=registry,
             )
         )
+        self.estimated_tokens = Family(
+            Counter(
+                PREFIX + "estimated_generated_tokens",
+                "Of the generated tokens, those a stream's events told, not vLLM's usage: an"
+                " estimate (short at --stream-interval above 1), by route.",
+                ("route",),
+                registry=registry,
+            )
+        )
         self.straddling_answers = Family(
             Counter(
                 PREFIX + "straddling_answers",
