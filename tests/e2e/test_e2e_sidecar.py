@@ -116,7 +116,8 @@ def streamed_text(events: list[Any]) -> dict[int, tuple[str, str | None]]:
             i = choice["index"]
             piece = choice["text"] if "text" in choice else choice["delta"].get("content") or ""
             text[i] = text.get(i, "") + piece
-            finish[i] = choice["finish_reason"] or finish.get(i)
+            # The Rust frontend's token events have no finish_reason key, only its last.
+            finish[i] = choice.get("finish_reason") or finish.get(i)
     return {i: (text[i], finish[i]) for i in text}
 
 
