@@ -5,7 +5,7 @@ server. Same engine, same settings as the shared `dev_engine`; only the HTTP fro
 Each module here imports the tests it runs (and their module's fixtures) from the module that
 holds them; the fixtures below stand in for tests/conftest.py's and tests/e2e/conftest.py's
 under this folder, so those tests meet the Rust frontend. Its one vLLM starts with the first
-test here and lives for the run, as the Python one does.
+test here and stops after the last: the rest of the run does not carry a second engine.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from tests.e2e._servers import VLLM_VENV, DevVllm, SidecarProcess, TinyModel
 from tests.processes import running
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def _shared_rust_vllm(
     tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[DevVllm]:
