@@ -38,8 +38,10 @@ fi
 # Optional parts add themselves here (each script is idempotent). They run side by side: each
 # builds a venv of its own or installs a system package (apt waits for its lock), and most of
 # their time is downloads. The parts that install into the test venv itself ($VENV) run one
-# after the other, in one job, since two pips in one venv at once can break it.
+# after the other, in one job, since two pips in one venv at once can break it; so do the two
+# that make the vLLM venv (15-vllm-rs puts its binary into the venv 10-vllm builds).
 shared_venv=(20-skyrl 30-deploy-tools)
+vllm_venv=(10-vllm 15-vllm-rs)
 logs=$(mktemp -d)
 run_part() {
   local part=$1 name
@@ -49,14 +51,19 @@ run_part() {
 pids=()
 for part in scripts/test-env.d/*.sh; do
   name=$(basename "$part" .sh)
-  [[ " ${shared_venv[*]} " == *" $name "* ]] && continue
+  [[ " ${shared_venv[*]} ${vllm_venv[*]} " == *" $name "* ]] && continue
   run_part "$part" &
   pids+=($!)
 done
-(for name in "${shared_venv[@]}"; do
-  [ -e "scripts/test-env.d/$name.sh" ] || continue
-  run_part "scripts/test-env.d/$name.sh" || exit 1
-done) &
+run_in_order() {
+  for name in "$@"; do
+    [ -e "scripts/test-env.d/$name.sh" ] || continue
+    run_part "scripts/test-env.d/$name.sh" || return 1
+  done
+}
+run_in_order "${shared_venv[@]}" &
+pids+=($!)
+run_in_order "${vllm_venv[@]}" &
 pids+=($!)
 failed=0
 for pid in "${pids[@]}"; do

@@ -7,7 +7,10 @@ from typing import Any
 import orjson
 
 _ERROR_MARK = b'"error"'
-# vLLM's compact JSON: every choice event has the key, null until the choice's last event.
+# vLLM's compact JSON: an event with a choice (a usage event's list is empty).
+_CHOICE = b'"choices":[{'
+# The Python server puts the key on every choice event, null until the choice's last; the Rust
+# frontend (VLLM_USE_RUST_FRONTEND=1) only on a choice's last event, which carries no token.
 _FINISH = b'"finish_reason":'
 _UNENDED = b'"finish_reason":null'
 _ABORT = b'"finish_reason":"abort"'  # the engine aborted the request
@@ -26,8 +29,8 @@ def is_event_stream(content_type: str | None) -> bool:
 
 class ErrorWatcher:
     """Fed the stream's chunks as they pass; collects `data: {"error": ...}` events, and counts
-    the choice events by their `finish_reason` key: all (`events`), the last of a choice
-    (`ends`, its value not null), aborted ones (`aborts`). A token's event is a choice event.
+    the choice events (`events`), those with a `finish_reason` key (`keyed`), the last of a
+    choice (`ends`, its reason not null) and aborted ones (`aborts`).
 
     Chunks may split a line anywhere, so the last partial line is carried to the next chunk.
     Most chunks hold no `"error"` at all and cost two substring searches.
@@ -36,21 +39,22 @@ class ErrorWatcher:
     def __init__(self) -> None:
         self._tail = b""
         self.errors: list[Any] = []
-        self.events = self.ends = self.aborts = 0
+        self.events = self.keyed = self.ends = self.aborts = 0
 
     @property
     def aborted(self) -> bool:
         return self.aborts > 0
 
     def _choices(self, data: bytes, end: int) -> None:
-        """Count the choice events in `data[:end]` (whole lines only: a key is never cut): three
-        counts in C, whatever the number of events in the chunk."""
-        events = data.count(_FINISH, 0, end)
-        if events:
+        """Count the choice events in `data[:end]` (whole lines only: a key is never cut): four
+        counts in C at most, whatever the number of events in the chunk."""
+        if events := data.count(_CHOICE, 0, end):
             self.events += events
-            if ends := events - data.count(_UNENDED, 0, end):
-                self.ends += ends
-                self.aborts += data.count(_ABORT, 0, end)
+            if keyed := data.count(_FINISH, 0, end):
+                self.keyed += keyed
+                if ends := keyed - data.count(_UNENDED, 0, end):
+                    self.ends += ends
+                    self.aborts += data.count(_ABORT, 0, end)
 
     def take(self) -> list[Any]:
         """The error events found since the last call."""
@@ -58,16 +62,18 @@ class ErrorWatcher:
         return found
 
     def passes(self, chunk: bytes) -> bool:
-        """The common chunk, told with two searches: nothing carried before it, whole events
-        (it ends with a blank line), no `"error"` in it; an abort in it is noted as `feed`
-        notes it. False: the chunk is to be fed."""
+        """The common chunk, told with a few searches: nothing carried before it, whole events
+        (it ends with a blank line), no `"error"` in it; its events are counted as `feed`
+        counts them. False: the chunk is to be fed."""
         if self._tail or not chunk.endswith(b"\n\n") or _ERROR_MARK in chunk:
             return False
-        if events := chunk.count(_FINISH):  # `_choices`, inlined: this runs for every chunk
+        if events := chunk.count(_CHOICE):  # `_choices`, inlined: this runs for every chunk
             self.events += events
-            if ends := events - chunk.count(_UNENDED):
-                self.ends += ends
-                self.aborts += chunk.count(_ABORT)
+            if keyed := chunk.count(_FINISH):
+                self.keyed += keyed
+                if ends := keyed - chunk.count(_UNENDED):
+                    self.ends += ends
+                    self.aborts += chunk.count(_ABORT)
         return True
 
     def feed(self, chunk: bytes) -> bool:

@@ -39,6 +39,7 @@ class Counts:
 
     choices: list[tuple[int | None, Sequence[Span] | None]]
     total: int | None = None
+    estimated: bool = False  # `total` is a stream's events counted, not vLLM's count
 
 
 def _usage(data: bytes) -> int | None:
@@ -98,10 +99,9 @@ class Tally:
     """A relayed stream's counts. Its choice events are counted as they pass by the SSE watcher
     (core/sse.py), in the search it makes of each chunk anyway; only once a choice has ended
     is a chunk searched for what ends bring (`ended`): vLLM 0.33 puts spans on a choice's last
-    event only (v1/engine/output_processor.py), and usage comes after the last. Without usage
-    the tokens are the choice events: vLLM sends one per token, its last with the finish reason;
-    chat's first (a role) and an abort's carry none. (With vLLM's --stream-interval above 1 one
-    event holds several tokens: ask for usage, `stream_options.include_usage`, to count exactly.)"""
+    event only (v1/engine/output_processor.py), and usage comes after the last. Usage, where
+    the client asked for it (`stream_options.include_usage`), is vLLM's own count: exact.
+    Without it the tokens are an estimate, the events that carry one (`untold`)."""
 
     __slots__ = ("chat", "spans", "total")
 
@@ -143,10 +143,22 @@ class Tally:
             spans = sorted(self.spans[index].values(), key=lambda s: s.start)
             counts.choices.append((max(s.end for s in spans), spans))
         if counts.total is None:
-            # Each chat choice has one role event, as it has one end.
-            untold = watcher.aborts + (watcher.ends if self.chat else 0)
-            counts.total = max(watcher.events - untold, 0)
+            counts.total, counts.estimated = untold(watcher, self.chat), True
         return counts
+
+
+def untold(watcher: ErrorWatcher, chat: bool) -> int:
+    """A stream's tokens where it tells no usage: its choice events less those that carry no
+    token. Each chat choice has one role event first, as it has one end. The Python server's
+    last event of a choice carries a token with the finish reason (an abort's carries none);
+    the Rust frontend's is one more event, tokenless, and its token events have no
+    `finish_reason` key, which tells the two apart. One event a token at `--stream-interval` 1,
+    with two exceptions: an interval above 1 puts several tokens in one event, and the Rust
+    frontend sends no chat event for a token without text of its own (a part of a UTF-8
+    character) unless logprobs were asked for. Both count short: docs/offpolicy.md."""
+    python = watcher.keyed == watcher.events  # every choice event has the key
+    tokenless = (watcher.aborts if python else watcher.ends) + (watcher.ends if chat else 0)
+    return max(watcher.events - tokenless, 0)
 
 
 def answered(lifecycle: Lifecycle, route: str, counts: Counts, start: str | None) -> None:
@@ -166,6 +178,8 @@ def count(
 ) -> None:
     """Count one answer's tokens by lag, against the pod's newest version as it ends (`start`,
     `end`: the versions at its two ends), and the answer once if it straddled an update."""
+    if counts.estimated and counts.total:
+        metrics.estimated_tokens.labels(route).inc(counts.total)
     if not counts.choices:  # the common answer, told by its ends alone: one label
         if counts.total:
             label = ends_label(start, end, history.position(), history.newest)

@@ -114,6 +114,23 @@ class EngineMetrics:
                 registry=registry,
             )
         )
+        self.upstream_lacks = Gauge(
+            PREFIX + "upstream_lacks",
+            "1 for each lifecycle feature vLLM cannot support, its route answering 404 (an older"
+            " vLLM, or no VLLM_SERVER_DEV_MODE=1): pause_state, sleep_state, weight_versions.",
+            ("feature",),
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self.estimated_tokens = Family(
+            Counter(
+                PREFIX + "estimated_generated_tokens",
+                "Of the generated tokens, those a stream's events told, not vLLM's usage: an"
+                " estimate (short at --stream-interval above 1), by route.",
+                ("route",),
+                registry=registry,
+            )
+        )
         self.straddling_answers = Family(
             Counter(
                 PREFIX + "straddling_answers",

@@ -42,6 +42,7 @@ class Probe:
         self._session = session
         self._base = base
         self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self.missing: set[str] = set()  # the routes vLLM last answered with a 404
 
     async def _get(self, path: str, key: str) -> Any:
         """The value of `key` in the route's JSON answer; None when vLLM lacks the route
@@ -52,6 +53,10 @@ class Probe:
             slow = isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError)
             message = f"GET {path}: {exc or type(exc).__name__}"
             raise ProbeFailed(message, timed_out=slow) from exc
+        if status == 404:
+            self.missing.add(path)
+        else:
+            self.missing.discard(path)
         if status != 200:
             return None
         try:

@@ -22,6 +22,25 @@ log = logging.getLogger("proxy.reconcile")  # its name before the layers: kept f
 
 # What one probe of vLLM found: its flags, no dev-mode routes, too slow to answer, or down.
 READ, NO_DEV, SLOW, DOWN = "read", "no_dev", "slow", "down"
+# Each probed route, the feature the sidecar loses where vLLM lacks it (0.20 lacks all three;
+# 0.32 has them in dev mode only), and what that costs.
+FEATURES = {
+    "/is_paused": ("pause_state", "pauses made around the sidecar"),
+    "/is_sleeping": ("sleep_state", "sleeps made around the sidecar"),
+    "/weight_info": ("weight_versions", "weight versions (every lag counts `unknown`)"),
+}
+
+
+def lacking(missing: set[str]) -> str | None:
+    """The one line that says what vLLM cannot support, from the routes it answered with 404."""
+    if not missing:
+        return None
+    routes = [r for r in FEATURES if r in missing]
+    costs = "; ".join(FEATURES[r][1] for r in routes)
+    return (
+        f"vLLM answers 404 for {', '.join(routes)} (an older vLLM, or no VLLM_SERVER_DEV_MODE=1):"
+        f" the sidecar cannot see {costs}"
+    )
 
 
 async def reconcile_once(state: EngineState, probe: Probe, *, restarted: bool) -> str:
@@ -52,14 +71,29 @@ async def reconcile_once(state: EngineState, probe: Probe, *, restarted: bool) -
     return NO_DEV if busy is None and version is None else READ
 
 
+def _report(lifecycle: Lifecycle, missing: set[str], told: set[str] | None) -> set[str]:
+    """Say what vLLM lacks once, at start-up and again only when that changes (a restart)."""
+    if missing != told:
+        line = lacking(missing)
+        if line is not None:
+            log.warning("%s", line)
+        elif told:
+            log.info("vLLM now answers %s", ", ".join(sorted(told)))
+        for route, (feature, _) in FEATURES.items():
+            lifecycle.metrics.upstream_lacks.labels(feature).set(float(route in missing))
+    return set(missing)
+
+
 async def _loop(lifecycle: Lifecycle, probe: Probe, interval: float, idle: float) -> None:
-    down = False
+    down, told = False, None
     while True:
         # After a spell of refused connections vLLM may have restarted: no sync survives
         # that. A timeout is not such a spell: vLLM is slow while it loads weights.
         found = await reconcile_once(lifecycle.state, probe, restarted=down)
         if found != SLOW:
             down = found == DOWN
+        if found in (READ, NO_DEV):
+            told = _report(lifecycle, probe.missing, told)
         # Without dev mode every probe is a 404 in vLLM's log: ask again only now and then.
         await asyncio.sleep(idle if found == NO_DEV else interval)
 

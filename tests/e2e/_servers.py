@@ -131,7 +131,7 @@ class DevVllm(VllmServer):
 
     CONTEXT = 32768
 
-    def __init__(self, model: TinyModel, run_dir: Path) -> None:
+    def __init__(self, model: TinyModel, run_dir: Path, *, rust: bool = False) -> None:
         super().__init__(
             model.path,
             run_dir,
@@ -142,9 +142,13 @@ class DevVllm(VllmServer):
                 "VLLM_SERVER_DEV_MODE": "1",
                 "VLLM_CPU_OMP_THREADS_BIND": "nobind",
                 "OMP_NUM_THREADS": "1",
+                # vLLM's Rust frontend in place of its Python API server, same engine
+                # (scripts/test-env.d/15-vllm-rs.sh).
+                **({"VLLM_USE_RUST_FRONTEND": "1"} if rust else {}),
             },
         )
         self.hf_path = model.hf_path
+        self.rust = rust
 
     def serve_again(self) -> None:
         """Resume and wake vLLM on its own port, whatever a test left it in (both are no-ops on

@@ -12,6 +12,8 @@ from proxy.engine.history import SIDECAR, VLLM, History
 from proxy.engine.tally import PARSE_LIMIT, Counts, Tally, count, joined, of_body
 from proxy.observe.engine_metrics import EngineMetrics
 
+ESTIMATED = "vllm_sidecar_estimated_generated_tokens_total"
+
 
 def event(choices: list[dict[str, object]], **extra: object) -> bytes:
     return b"data: " + orjson.dumps({"id": "cmpl-1", "choices": choices, **extra}) + b"\n\n"
@@ -76,7 +78,7 @@ def test_a_stream_counts_one_token_per_choice_event() -> None:
     for text in ("a", "b"):
         stream.feed(event([delta(text)]))
     stream.feed(event([delta("c", "length")]) + b"data: [DONE]\n\n")
-    assert stream.counts() == Counts([], total=3)
+    assert stream.counts() == Counts([], total=3, estimated=True)
 
 
 def test_an_event_split_across_chunks_is_counted_once() -> None:
@@ -84,7 +86,7 @@ def test_an_event_split_across_chunks_is_counted_once() -> None:
     whole = event([delta("a")]) + event([delta("b", "length")])
     for start, end in ((0, 10), (10, 95), (95, 150), (150, len(whole))):
         stream.feed(whole[start:end])
-    assert stream.counts() == Counts([], total=2)
+    assert stream.counts() == Counts([], total=2, estimated=True)
 
 
 def test_a_chat_streams_role_events_and_an_abort_carry_no_token() -> None:
@@ -93,7 +95,7 @@ def test_a_chat_streams_role_events_and_an_abort_carry_no_token() -> None:
     stream.feed(event([role]))
     stream.feed(event([{"index": 0, "delta": {"content": "x"}, "finish_reason": None}]))
     stream.feed(event([{"index": 0, "delta": {"content": ""}, "finish_reason": "abort"}]))
-    assert stream.counts() == Counts([], total=1)
+    assert stream.counts() == Counts([], total=1, estimated=True)
 
 
 def test_a_streams_usage_is_the_count_where_it_was_asked_for() -> None:
@@ -137,3 +139,12 @@ def test_count_labels_the_tokens_and_the_straddling_answer() -> None:
     # usage, across a change of version: straddled.
     assert (sample("2"), sample("0"), sample("straddled")) == (2, 3, 3)
     assert registry.get_sample_value("vllm_sidecar_straddling_answers_total", {"route": "/g"}) == 1
+    assert registry.get_sample_value(ESTIMATED, {"route": "/g"}) is None  # vLLM's own count
+
+
+def test_an_estimate_is_counted_as_one() -> None:
+    registry = CollectorRegistry()
+    metrics = EngineMetrics(registry)
+    counts = Counts([], total=7, estimated=True)
+    count(metrics, "/g", counts, start="a", end="a", history=History())
+    assert registry.get_sample_value(ESTIMATED, {"route": "/g"}) == 7
