@@ -369,7 +369,9 @@ async def test_404_for_a_resolved_name_rereads_the_model_list(
 
 
 async def test_query_string_and_path_byte_for_byte(sidecar: Sidecar, fake: FakeVLLM) -> None:
-    for target in (b"/sleep?level=1&tags=a%2Cb&x=%20+&&=", b"/v1/x%2Fy/../z?q=%E2%9C%93;a"):
+    # The unnamed path first: after /sleep, a POST to it is held (a path the table does not name
+    # is a data route) until the engine wakes.
+    for target in (b"/v1/x%2Fy/../z?q=%E2%9C%93;a", b"/sleep?level=1&tags=a%2Cb&x=%20+&&="):
         reply = await raw_http(
             sidecar.client,
             b"POST " + target + b" HTTP/1.1\r\nHost: h\r\n"
