@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from aiohttp import StreamReader, web
@@ -42,25 +41,25 @@ async def read_body(request: web.Request, limit: int) -> bytes:
             f"The request body of {request.content_length} bytes exceeds the limit of {limit} "
             "bytes (--max-body-bytes)."
         )
-    with _read_errors(request, limit):
-        return await request.read()
-
-
-@contextlib.contextmanager
-def _read_errors(request: web.Request, limit: int) -> Iterator[None]:
-    """What reading a body raises, as the envelope's failures; every read of a body runs in it."""
     try:
-        yield
+        return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise BodyTooLarge(_TOO_LARGE.format(limit)) from None
-    except web.RequestPayloadError as exc:  # the parser's own error is its cause
-        if not isinstance(exc.__cause__, ContentEncodingError):
-            raise
-        encoding = request.headers.get("Content-Encoding", "")
-        raise InvalidRequest(
-            f"The request body is labelled `Content-Encoding: {encoding[:40]}` but does not"
-            " inflate as that; send it as labelled, or uncompressed."
-        ) from None
+    except web.RequestPayloadError as exc:
+        raise _unreadable(request, exc) from exc.__cause__
+
+
+def _unreadable(request: web.Request, exc: web.RequestPayloadError) -> Exception:
+    """What a body that could not be read is, to the client (raised from the parser's error,
+    its cause): every read of a body asks here. (From a `try`: a context manager on every
+    request's path cost 1.5% of its instructions.)"""
+    if not isinstance(exc.__cause__, ContentEncodingError):  # the parser's own error
+        return exc
+    encoding = request.headers.get("Content-Encoding", "")
+    return InvalidRequest(
+        f"The request body is labelled `Content-Encoding: {encoding[:40]}` but does not"
+        " inflate as that; send it as labelled, or uncompressed."
+    )
 
 
 _TOO_LARGE = "The request body exceeds the limit of {} bytes (--max-body-bytes)."
@@ -72,13 +71,15 @@ async def read_counted(request: web.Request, limit: int) -> bytes:
     rest is still on the wire, having cost no more than the budget. (Read whole first, six
     40 MiB gzip bodies took 470 MiB before the budget was asked.)"""
     lease, parts, size = Lease(request.app[BUDGET]), [], 0
-    with _read_errors(request, limit):
+    try:
         async for part in request.content.iter_any():
             size += len(part)
             if size > limit:
                 raise BodyTooLarge(_TOO_LARGE.format(limit))
             lease.take(len(part))
             parts.append(part)
+    except web.RequestPayloadError as exc:
+        raise _unreadable(request, exc) from exc.__cause__
     return b"".join(parts)
 
 
@@ -187,9 +188,11 @@ async def _held_whole(request: web.Request, body: bytes | StreamedBody) -> bytes
         return body
     request.app[BUDGET].hold(body.length)
     parts = [body.head]
-    with _read_errors(request, body.length):
+    try:
         async for part in body.rest.iter_any():
             parts.append(part)
+    except web.RequestPayloadError as exc:
+        raise _unreadable(request, exc) from exc.__cause__
     return _outgoing(b"".join(parts))
 
 
