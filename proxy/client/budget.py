@@ -53,11 +53,13 @@ class Budget:
     def hold(self, size: int) -> None:
         """As `try_hold`, or a retryable 503 when the budget has no room for `size` bytes now."""
         if not self.try_hold(size):
-            raise BufferBudgetExhausted(
-                f"The sidecar holds as many request and response bodies as its memory budget"
-                f" allows (--buffer-budget-bytes {self.limit}); this body of {size} bytes would"
-                " pass it. Retry shortly."
-            )
+            raise self.exhausted(f"this body of {size} bytes")
+
+    def exhausted(self, body: str) -> BufferBudgetExhausted:
+        return BufferBudgetExhausted(
+            f"The sidecar holds as many request and response bodies as its memory budget"
+            f" allows (--buffer-budget-bytes {self.limit}); {body} would pass it. Retry shortly."
+        )
 
     def give_back(self, size: int) -> None:
         self.used -= size
@@ -68,6 +70,34 @@ class Budget:
             # (the pieces of streamed chunks between them would keep RSS up otherwise).
             self.large_freed = False
             self.trim()
+
+
+class Lease:
+    """Bytes taken from the budget as a body of unknown size arrives (chunked, or inflated as it
+    is read): each part before it is kept, all given back when the request's task ends. (One
+    callback for the whole body, not one per part.)"""
+
+    __slots__ = ("budget", "size")
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget, self.size = budget, 0
+        task = asyncio.current_task()
+        assert task is not None  # a request's handler
+        task.add_done_callback(self._end)
+
+    def take(self, size: int) -> None:
+        """`size` more bytes, or a retryable 503 when they would pass the budget."""
+        budget = self.budget
+        if budget.used + size > budget.limit:
+            budget.metrics.budget_refusals.inc()
+            raise budget.exhausted(f"this body, {self.size + size} bytes so far,")
+        budget.used += size
+        self.size += size
+        budget.metrics.buffered_bytes.set(budget.used)
+
+    def _end(self, _: object) -> None:
+        if self.size:
+            self.budget.give_back(self.size)
 
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter

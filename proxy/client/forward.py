@@ -99,6 +99,7 @@ async def _respond(request: web.Request, rec: RequestRecord) -> web.StreamRespon
             metrics,
             options.max_body_bytes,
             bounded_pool=options.max_connections > 0,
+            engine=flow.engine,
         )
         async with flow.engine.hold():  # a data request's hold; the phase a control call enters
             return await call_upstream(flow, body)

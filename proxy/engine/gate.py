@@ -49,6 +49,10 @@ class EngineHandle:
         """Around the upstream call: a data request's hold, the phase a control call enters."""
         return _UNTOUCHED
 
+    def would_hold(self) -> bool:
+        """Whether `hold()` entered now would hold the request (the engine does not serve)."""
+        return False
+
     def left(self) -> float | None:
         """Seconds left of a hold deadline the client asked for; None: it asked for none."""
         return None
@@ -182,6 +186,9 @@ class Data(EngineHandle):
 
     def hold(self) -> AbstractAsyncContextManager[None]:
         return self.lifecycle.holds.serving(self)
+
+    def would_hold(self) -> bool:
+        return self.lifecycle.phase != SERVING
 
     async def _rehold(self, attempt: int) -> None:
         """vLLM rejected the request as paused: wait for the pause to end (the sidecar's phase,

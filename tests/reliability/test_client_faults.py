@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aiohttp
 from aiohttp.test_utils import TestServer
 
+from proxy.engine.lifecycle import LIFECYCLE
 from tests.fake_vllm import FakeVLLM, Firehose, hang, sse_forever
 from tests.metrics import sample, scrape
 from tests.processes import rss_bytes
-from tests.sidecar import COMPLETION, Sidecar, StartSidecar, admin_of
+from tests.sidecar import COMPLETION, Sidecar, StartSidecar, admin_of, control
 from tests.support import eventually
 
 STREAM = {"model": "org/tiny-model", "prompt": "x", "stream": True}
@@ -40,6 +42,35 @@ async def test_hang_up_before_the_whole_body(sidecar: Sidecar, fake: FakeVLLM) -
         )
         == 1
     )
+
+
+async def test_a_held_client_that_leaves_is_never_forwarded(
+    sidecar: Sidecar, fake: FakeVLLM
+) -> None:
+    """A large model-first body sent whole during a pause, then the client hangs up: the hold
+    ends with it, and nothing reaches vLLM after /resume."""
+    # Guards: inbound._held_whole reading a held body whole, so that the FIN after it is seen
+    # (unread, the body hid it: 600 such requests all reached vLLM after /resume).
+    lifecycle = sidecar.app[LIFECYCLE]
+    await eventually(lambda: lifecycle.version == "default")
+    await control(sidecar, "/pause?mode=keep")
+    body = b'{"model": "tiny-model", "prompt": ' + json.dumps([[7] * 1_500_000]).encode() + b"}"
+    assert sidecar.client.port is not None
+    _, writer = await asyncio.open_connection("127.0.0.1", sidecar.client.port)
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    await eventually(lambda: lifecycle.held == 1, "the request is held")
+    writer.close()  # its FIN follows the whole body
+    await eventually(lambda: lifecycle.held == 0, "the hold sees its client leave")
+    await control(sidecar, "/resume")
+    resp = await sidecar.client.post("/v1/completions", json=COMPLETION)
+    assert resp.status == 200
+    assert fake.forwarded() == 1  # that one only
+    await wait_metric(sidecar, "vllm_sidecar_client_disconnects_total", 1, route="/v1/completions")
+    labels = {"route": "/v1/completions", "method": "POST", "status": "499"}
+    assert sidecar.metric("vllm_sidecar_requests_total", **labels) == 1
 
 
 async def test_client_hang_up_cancels_the_upstream_request(
