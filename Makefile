@@ -9,7 +9,7 @@ TIMED := bash scripts/timed.sh
 PORT ?= 8080
 UPSTREAM ?= http://127.0.0.1:8000
 
-.PHONY: run demo test test-env lint unit faults-aiohttp flaky differential mutate bench clean image lock
+.PHONY: run demo test test-env lint unit faults-aiohttp perf-budget flaky differential mutate bench clean image lock
 
 ## Install the sidecar and run it in front of UPSTREAM (default http://127.0.0.1:8000).
 run: $(BIN)/vllm-sidecar
@@ -34,6 +34,7 @@ test: test-env lint
 	$(TIMED) suite $(BIN)/pytest --durations=15
 	$(TIMED) faults-aiohttp $(MAKE) --no-print-directory faults-aiohttp
 	$(TIMED) skyrl04 $(SKYRL04_BIN)/pytest --durations=10 tests/skyrl04
+	$(TIMED) perf-budget $(MAKE) --no-print-directory perf-budget
 
 ## Fast loop for development: no real vLLM.
 unit:
@@ -43,6 +44,12 @@ unit:
 ## aiohttp; the `hop` marker: tests/conftest.py).
 faults-aiohttp: test-env
 	VLLM_SIDECAR_UPSTREAM_CLIENT=aiohttp $(BIN)/pytest -m hop --durations=10
+
+## The performance budget: instructions per request (callgrind) for JSON, SSE and SkyRL 0.4's
+## /inference/v1/generate against bench/budget.json; fails when one grew by more than 3%
+## (DESIGN.md). UPDATE=1 writes the budget anew: say in the commit message what it pays for.
+perf-budget: test-env
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/instructions.py $(if $(UPDATE),--write-budget,--budget)
 
 ## The flake hunt: the real-vLLM tiers and the load tier N times, then every test that failed at
 ## least once, with its failure (scripts/flaky.py; about 10 minutes a round on two cores).

@@ -6,8 +6,9 @@ PYTHON=${PYTHON:-python3.11}
 VENV=${VENV:-.venv}
 
 # System tools, in one apt transaction: promtool and a Prometheus server (tests/deploy), nginx with
-# its Lua module and wrk (the bench smoke), openssl's CLI (the TLS upstream's certificates). The
-# parts under test-env.d check again for themselves.
+# its Lua module and wrk (the bench smoke), openssl's CLI (the TLS upstream's certificates),
+# valgrind and libfaketime (`make perf-budget`: instructions under callgrind, the clock slowed).
+# The parts under test-env.d check again for themselves.
 need=()
 { command -v promtool && command -v prometheus; } >/dev/null || need+=(prometheus)
 command -v nginx >/dev/null || need+=(nginx)
@@ -15,6 +16,8 @@ command -v nginx >/dev/null || need+=(nginx)
 command -v wrk >/dev/null || need+=(wrk)
 command -v taskset >/dev/null || need+=(util-linux)
 command -v openssl >/dev/null || need+=(openssl)
+command -v callgrind_control >/dev/null || need+=(valgrind)
+[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || need+=(faketime)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get -o DPkg::Lock::Timeout=600 update -qq

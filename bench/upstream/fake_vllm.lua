@@ -46,6 +46,30 @@ local chat = '{"id":"chatcmpl-8a38b9117e56f473","object":"chat.completion","crea
   .. '"completion_tokens_details":null},"prompt_logprobs":null,"prompt_token_ids":null,'
   .. '"prompt_text":null,"kv_transfer_params":null,"ec_transfer_params":null,"metrics":null}'
 
+-- /inference/v1/generate (token ids in and out), as vLLM 0.32 answers SkyRL 0.4's
+-- RemoteInferenceClient: `GenerateTokensResponse.model_dump()` (every field, nulls included, in
+-- field order), `logprobs` 1 as SkyRL's default sampling params ask, one weight-version span.
+local GENERATED = 16
+local function tokens_answer()
+  local ids, content = {}, {}
+  for i = 1, GENERATED do
+    local id = 1000 + i
+    ids[i] = tostring(id)
+    local lp = '"token_id":' .. id .. ',"logprob":-0.' .. (100 + i) .. ',"rank":1'
+    content[i] = '{' .. lp .. ',"top_logprobs":[{' .. lp .. '}]}'
+  end
+  return '{"request_id":"generate-tokens-9b1c2a6e0d4f4c7e8a5b3d2f1e0c9b8a","model":"' .. SERVED
+    .. '","created":' .. CREATED .. ',"usage":{"prompt_tokens":256,"total_tokens":'
+    .. (256 + GENERATED) .. ',"completion_tokens":' .. GENERATED .. ',"prompt_tokens_details":null},'
+    .. '"prompt_logprobs":null,"prompt_token_id_logprobs":null,"prompt_token_ids":null,'
+    .. '"mm_placeholders":null,"metrics":null,"kv_transfer_params":null,"ec_transfer_params":null,'
+    .. '"output_mode":"tokens","choices":[{"index":0,"finish_reason":"length","stop_reason":null,'
+    .. '"token_ids":[' .. table.concat(ids, ",") .. '],"routed_experts":null,"sampling_mask":null,'
+    .. '"weight_versions":[{"version":"1","start":0,"end":' .. GENERATED .. '}],'
+    .. '"logprobs":{"content":[' .. table.concat(content, ",") .. ']}}]}'
+end
+local tokens = tokens_answer()
+
 local function sse_events(kind, count)
   local events = {}
   for i = 1, count do
@@ -154,6 +178,19 @@ local function paced(kind, count, lo, hi)
   ngx.print(events[count + 1])
 end
 
+-- SkyRL 0.4 sends `model` beside `token_ids` and `sampling_params`; a wrong one is vLLM's 404.
+function M.generate_tokens()
+  local body = read_body()
+  wait_while_paused()
+  local model = find(body, '"model"%s*:%s*"([^"]*)"') or ""
+  if model ~= SERVED then
+    return not_found(model)
+  end
+  ngx.header["Content-Type"] = "application/json"
+  ngx.header["Content-Length"] = #tokens
+  ngx.print(tokens)
+end
+
 function M.generate()
   local body = read_body()
   wait_while_paused()
@@ -176,7 +213,15 @@ function M.generate()
     if lo then
       return paced(route.kind, count, tonumber(lo), tonumber(hi))
     end
-    for _, event in ipairs(stream_of(route.kind, count)) do
+    local events = stream_of(route.kind, count)
+    -- `X-Bench-Burst`: the whole stream in one write, so that the proxy reads it at once and
+    -- a count of its instructions does not hang on how many events piled up in its socket
+    -- between two reads, which moved by 2% from run to run (bench/counting.py).
+    if ngx.var.http_x_bench_burst then
+      ngx.print(table.concat(events))
+      return
+    end
+    for _, event in ipairs(events) do
       ngx.print(event)
       ngx.flush(false)
     end
