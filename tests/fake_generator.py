@@ -16,6 +16,12 @@ v1/engine/detokenizer.py; see docs/continuation.md):
 - A pause or sleep in abort mode (DevEngine) ends running requests with `finish_reason: "abort"`
   and the partial output; 0.32's /v1/completions stream sends no event at all for a choice
   aborted before its first token.
+
+With `FakeVLLM(frontend="rust")` the /v1 streams are framed as vLLM's Rust frontend frames them
+(tests/samples/rust/): token events carry only what they have (no `finish_reason`, `logprobs`,
+`token_ids` keys unless asked), a choice ends with one more event, tokenless, that has its
+`finish_reason`; chat's role event has no content; `return_token_ids` opens each choice with a
+tokenless event that has its `prompt_token_ids`. /inference/v1/generate keeps one framing.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.fake_vllm import DevEngine, FakeVLLM, dumps, json_response, start_sse
+from tests.fake_vllm import DevEngine, FakeVLLM, dumps, json_response, rust_error, start_sse
 
 VOCAB = 26  # each token's text is one letter: "a" + token id
 
@@ -123,6 +129,10 @@ class Generator:
     def engine(self) -> DevEngine:
         return self.fake.engine
 
+    @property
+    def rust(self) -> bool:
+        return self.fake.frontend == "rust"
+
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = json.loads(await request.read())
         self.bodies.append(body)
@@ -134,6 +144,8 @@ class Generator:
             for p, ids in enumerate(prompts)
             for i in range(sampling.n)
         ]
+        if self.rust and sampling.n > 1:
+            return json_response(rust_error("Only n=1 is supported.", "n"), 400)
         return await self._serve(request, body, sampling, outputs, generate=False)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -148,6 +160,8 @@ class Generator:
         ]
         limit = body.get("max_completion_tokens") or body.get("max_tokens") or 16
         sampling = _sampling(body, limit)
+        if self.rust and sampling.n > 1:
+            return json_response(rust_error("Only n=1 is supported.", "n"), 400)
         outputs = [Output(i, list(prompt)) for i in range(sampling.n)]
         return await self._serve(request, body, sampling, outputs, generate=False, chat=True)
 
@@ -189,7 +203,7 @@ class Generator:
         await self.engine.admitted()  # vLLM queues new requests while paused or asleep
         if resp is not None and chat:  # the role event of every choice, the prompt on the first
             for o in outputs:
-                role: dict[str, Any] = {**head, "choices": [_role(o)]}
+                role: dict[str, Any] = {**head, "choices": [_role(o, self.rust)]}
                 if o.index == 0 and body.get("return_token_ids"):
                     role["prompt_token_ids"] = o.prompt
                 await resp.write(b"data: " + dumps(role) + b"\n\n")
@@ -232,9 +246,7 @@ class Generator:
             return json_response(answer)
         options = body.get("stream_options") or {}
         if options.get("include_usage"):
-            await resp.write(
-                b"data: " + dumps({**head, "choices": [], "usage": usage}) + b"\n\n"
-            )
+            await resp.write(b"data: " + dumps({**head, "choices": [], "usage": usage}) + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -281,6 +293,10 @@ class Generator:
         if done and chars == -1:
             return
         sent[o.index] = (-1, 0) if done else (upto, len(o.tokens))
+        if self.rust and not generate:
+            for choice in _rust_choices(body, o, text, tokens, first=count == 0, chat=chat):
+                await resp.write(b"data: " + dumps({**head, "choices": [choice]}) + b"\n\n")
+            return
         choice: dict[str, Any] = {
             "index": o.index,
             "finish_reason": o.finish,
@@ -302,7 +318,35 @@ class Generator:
         await resp.write(b"data: " + dumps(event) + b"\n\n")
 
 
-def _role(o: Output) -> dict[str, Any]:
+def _rust_choices(
+    body: dict[str, Any], o: Output, text: str, tokens: list[int], *, first: bool, chat: bool
+) -> list[dict[str, Any]]:
+    """One step of a choice as the Rust frontend sends it: the prompt's ids first (asked for),
+    the new tokens if they have text, ids or logprobs to show, then the tokenless end."""
+    ids, logprobs = bool(body.get("return_token_ids")), _logprobs(body) and not chat
+    out: list[dict[str, Any]] = []
+    if first and ids and not chat:
+        out.append({"index": o.index, "text": "", "token_ids": [], "prompt_token_ids": o.prompt})
+    if text or (tokens and (ids or logprobs)):
+        choice: dict[str, Any] = {"index": o.index}
+        choice.update({"delta": {"content": text}} if chat else {"text": text})
+        if ids:
+            choice["token_ids"] = tokens
+        if logprobs:
+            choice["logprobs"] = _completion_logprobs(tokens)
+        out.append(choice)
+    if o.finish is not None:
+        end: dict[str, Any] = {"index": o.index, **({"delta": {}} if chat else {"text": ""})}
+        end["finish_reason"] = o.finish
+        if ids:
+            end["token_ids"] = []
+        out.append(end)
+    return out
+
+
+def _role(o: Output, rust: bool) -> dict[str, Any]:
+    if rust:
+        return {"index": o.index, "delta": {"role": "assistant"}}
     return {"index": o.index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
 
 

@@ -3,6 +3,11 @@
 It answers like vLLM (model list with `id` and `root`, completions and chat as JSON or SSE, the
 exact 404 and 400 bodies, in-stream error events) and can be told, per route, to misbehave:
 be slow, hang, drop mid-stream, send garbage. Every request it receives is recorded.
+
+`frontend="rust"` speaks as vLLM's Rust frontend (VLLM_USE_RUST_FRONTEND=1) where its bytes
+differ, as captured in tests/samples/rust/: its error bodies (a string `code`), an empty 404 for
+an unknown route, `/v1/models` without permissions, `n` above 1 refused, and its stream framing
+(tokens without `finish_reason`, then one tokenless event that has it).
 """
 
 from __future__ import annotations
@@ -36,8 +41,15 @@ def json_response(obj: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=dumps(obj), content_type="application/json")
 
 
-def error_body(message: str, type_: str, param: str | None, code: int) -> dict[str, Any]:
+def error_body(message: str, type_: str, param: str | None, code: int | str) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def rust_error(
+    message: str, param: str | None, code: str = "invalid_request_error"
+) -> dict[str, Any]:
+    """The Rust frontend's error body: one type, a string code."""
+    return error_body(message, "invalid_request_error", param, code)
 
 
 @dataclass
@@ -66,6 +78,11 @@ class FakeVLLM:
     cancelled: list[str] = field(default_factory=list)
     scripts: dict[str, list[Handler]] = field(default_factory=dict)
     engine: DevEngine = field(default_factory=lambda: DevEngine())
+    frontend: str = "python"  # or "rust"
+
+    @property
+    def rust(self) -> bool:
+        return self.frontend == "rust"
 
     # -- scripting -------------------------------------------------------------------------
     def script(self, key: str, handler: Handler, times: int = 1) -> None:
@@ -156,12 +173,18 @@ class FakeVLLM:
             }
             for i, (name, root) in enumerate(self.served)
         ]
+        if self.rust:
+            for card in data:
+                del card["permission"]
+                card["owned_by"] = "vllm-frontend-rs"
         return json_response({"object": "list", "data": data})
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.healthy else 503)
 
     async def not_found(self, request: web.Request) -> web.Response:
+        if self.rust:
+            return web.Response(status=404)
         return json_response({"detail": "Not Found"}, 404)
 
     async def dev_route(self, request: web.Request) -> web.Response:
@@ -183,9 +206,19 @@ class FakeVLLM:
 
     def _check_model(self, payload: dict[str, Any]) -> web.Response | None:
         model = payload.get("model", self.names[0])
+        if self.rust:
+            return self._check_rust(model, payload)
         if model not in self.names:
             msg = f"The model `{model}` does not exist. Valid aliases: {', '.join(self.names)}."
             return json_response(error_body(msg, "NotFoundError", "model", 404), 404)
+        return None
+
+    def _check_rust(self, model: str, payload: dict[str, Any]) -> web.Response | None:
+        if model not in self.names:
+            msg = f"The model `{model}` does not exist."
+            return json_response(rust_error(msg, "model", "model_not_found"), 404)
+        if (payload.get("n") or 1) > 1:
+            return json_response(rust_error("Only n=1 is supported.", "n"), 400)
         return None
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -281,12 +314,15 @@ class FakeVLLM:
             with self.engine.running() as run:
                 for i in range(self.stream_events):
                     if run.aborted:
-                        await resp.write(sse_chunk(model, i, chat, finish="abort"))
+                        await resp.write(sse_chunk(model, i, chat, finish="abort", rust=self.rust))
                         break
                     await self.engine.admitted()  # a `keep` pause freezes it here
-                    await resp.write(sse_chunk(model, i, chat))
+                    await resp.write(sse_chunk(model, i, chat, rust=self.rust))
                     if self.stream_delay:
                         await asyncio.sleep(self.stream_delay)
+                else:
+                    if self.rust:
+                        await resp.write(sse_chunk(model, 0, chat, finish="length", rust=True))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -306,16 +342,25 @@ def sse_chunk(
     *,
     text: str | None = None,
     request_id: str = "0",
+    rust: bool = False,
 ) -> bytes:
-    """One completion chunk; `text` defaults to ` t<i>`, the id to vLLM's `cmpl-<request id>`."""
+    """One completion chunk; `text` defaults to ` t<i>`, the id to vLLM's `cmpl-<request id>`.
+    The Rust frontend's: a token has no `finish_reason` key, a `finish` is a tokenless event."""
     words = f" t{i}" if text is None else text
+    if rust and finish is not None:
+        words = ""
     delta: dict[str, Any] = {"delta": {"content": words}} if chat else {"text": words}
+    if rust and chat and finish is not None:
+        delta = {"delta": {}}
+    choice: dict[str, Any] = {"index": 0, **delta, "logprobs": None, "finish_reason": finish}
+    if rust:
+        choice = {"index": 0, **delta} | ({} if finish is None else {"finish_reason": finish})
     event = {
         "id": f"cmpl-{request_id}",
         "object": "chat.completion.chunk" if chat else "text_completion",
         "created": 1795982287,
         "model": model,
-        "choices": [{"index": 0, **delta, "logprobs": None, "finish_reason": finish}],
+        "choices": [choice],
     }
     return b"data: " + dumps(event) + b"\n\n"
 

@@ -1,0 +1,32 @@
+"""SkyRL 0.4's client against the Rust frontend: the real-vLLM tests of
+tests/skyrl04/test_client_vllm.py on a vLLM that serves through `vllm/vllm-rs`
+(`VLLM_USE_RUST_FRONTEND=1`), as tests/e2e/rust/ does for the 3.11 tiers. Its one vLLM starts
+with the first test here and stops after the last."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.e2e._servers import VLLM_VENV, DevVllm, TinyModel, tiny_model_dir
+from tests.processes import running
+
+
+@pytest.fixture(scope="package")
+def _shared_rust_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevVllm]:
+    binaries = list((VLLM_VENV / "lib").glob("python3*/site-packages/vllm/vllm-rs"))
+    if not binaries:
+        pytest.fail(f"no vllm-rs in {VLLM_VENV}: run `bash scripts/test-env.sh`")
+    model = TinyModel(tiny_model_dir())
+    server = DevVllm(model, tmp_path_factory.mktemp("vllm-rust"), rust=True)
+    with running(server):
+        assert "Launching Rust frontend" in server.log_tail(10**6)
+        yield server
+
+
+@pytest.fixture(scope="module")
+def dev_engine(_shared_rust_vllm: DevVllm) -> Iterator[DevVllm]:
+    _shared_rust_vllm.check_alive()
+    yield _shared_rust_vllm
+    _shared_rust_vllm.serve_again()
