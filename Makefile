@@ -36,9 +36,17 @@ test: test-env lint
 	$(TIMED) skyrl04 $(SKYRL04_BIN)/pytest --durations=10 tests/skyrl04
 	$(TIMED) perf-budget $(MAKE) --no-print-directory perf-budget
 
-## Fast loop for development: no real vLLM.
-unit:
-	$(BIN)/pytest -m "not vllm"
+## Fast loop for development, on a fresh clone too: the tests that need only the dev extra (no
+## real vLLM, no SkyRL, no system tools; `make test` builds those and runs everything).
+UNIT_IGNORE := tests/e2e tests/skyrl tests/deploy tests/image tests/bench tests/differential
+unit: $(BIN)/pytest
+	$(BIN)/pytest -m "not vllm" $(addprefix --ignore=,$(UNIT_IGNORE))
+
+$(BIN)/pytest: pyproject.toml
+	[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
 
 ## The tests whose outcome depends on the upstream client once more, on aiohttp's (--upstream-client
 ## aiohttp; the `hop` marker: tests/conftest.py).

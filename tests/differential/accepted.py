@@ -1,5 +1,5 @@
 """The accepted differences: each a rule that recognises a difference between the hops that is
-by design, and why. docs/reliability.md mirrors this table; anything no rule takes is open.
+by design, and why. docs/hardening.md mirrors this table; anything no rule takes is open.
 
 No rule accepts a difference between the sidecar on the lean hop and on aiohttp's client unless
 the lean hop is the one that agrees with nginx: the lean hop is held to a well-kept client.

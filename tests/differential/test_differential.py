@@ -46,7 +46,7 @@ def test_every_hop_relays_a_generated_case_alike(peers: Peers, kind: str, exampl
 
 
 def test_the_accepted_differences_are_the_documented_ones() -> None:
-    docs = (Path(__file__).resolve().parents[2] / "docs" / "reliability.md").read_text()
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "hardening.md").read_text()
     table = docs.split("| Accepted difference | Why |", 1)[1].split("\n\n", 1)[0]
     assert re.findall(r"^\| `([^`]+)` \|", table, re.MULTILINE) == list(ACCEPTED)
 

@@ -1,7 +1,7 @@
 """The chaos run of issue 20, short and seeded: every kind of client against `--workers 2` in
 front of a vLLM that restarts, pauses, sleeps, syncs weights, resets and errs, while workers are
 killed; every request in the ledger, every ledger check must hold. The harness is tests/chaos/;
-the long run is bench/chaos.py (docs/reliability.md, "The chaos run")."""
+the long run is bench/chaos.py (docs/chaos.md)."""
 
 from __future__ import annotations
 
