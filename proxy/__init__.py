@@ -14,6 +14,9 @@ The package is a house with floors, each folder a layer that imports only those 
     config/    Settings, read by the wiring and the pod only
 
 `proxy.skyrl` stands apart: SkyRL's companions, which need nothing of the rest.
+
+The house's own words (plane, hold, stamp, straddle, tally, span, continuation and continuing,
+flow, relay, hop, lean, ...) each name one thing: the glossary is at the end of docs/layers.md.
 """
 
 __version__ = "0.1.0"

@@ -220,7 +220,7 @@ async def test_an_update_under_traffic_is_counted_and_logged(
     fake.stream_events, fake.stream_delay = 20, 0.02
     running = asyncio.create_task(lifecycle.client.post("/v1/completions", json=COMPLETION))
     await eventually(lambda: fake.forwarded() == 1)
-    with caplog.at_level(logging.WARNING, logger="proxy.lifecycle"):
+    with caplog.at_level(logging.WARNING, logger="proxy.engine"):
         await control(lifecycle, "/start_weight_update")
     assert lifecycle.metric("vllm_sidecar_weight_update_running_requests_total") == 1
     assert "1 requests running" in caplog.text
@@ -250,7 +250,7 @@ async def test_a_control_call_whose_caller_left_is_settled_by_vllms_flags(
     call = asyncio.create_task(lifecycle.client.post("/pause"))
     await eventually(lambda: fake.forwarded("/pause") == 1)
     assert phase_of(lifecycle) == "paused"
-    with caplog.at_level(logging.WARNING, logger="proxy.lifecycle"):
+    with caplog.at_level(logging.WARNING, logger="proxy.engine"):
         call.cancel()
         await eventually(lambda: "the caller left" in caplog.text)
     await eventually(lambda: phase_of(lifecycle) == "serving")  # /is_paused says false

@@ -29,10 +29,10 @@ async def test_a_vllm_without_the_state_routes_is_told_once_with_what_it_lacks(
 ) -> None:
     for route in ("GET /is_paused", "GET /is_sleeping", "GET /weight_info"):
         fake.script(route, fake.not_found, times=100)
-    with caplog.at_level(logging.INFO, logger="proxy.reconcile"):
+    with caplog.at_level(logging.INFO, logger="proxy.wiring.reconcile"):
         sidecar = await make_sidecar(str(upstream.make_url("")))
         await eventually(lambda: lacks(sidecar) == dict.fromkeys(FEATURES, 1.0))
-    [line] = [r.getMessage() for r in caplog.records if r.name == "proxy.reconcile"]
+    [line] = [r.getMessage() for r in caplog.records if r.name == "proxy.wiring.reconcile"]
     assert line.startswith("vLLM answers 404 for /is_paused, /is_sleeping, /weight_info")
     assert "weight versions" in line
 
@@ -44,11 +44,11 @@ async def test_only_what_is_missing_is_told_and_only_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     fake.script("GET /weight_info", fake.not_found, times=100)
-    with caplog.at_level(logging.INFO, logger="proxy.reconcile"):
+    with caplog.at_level(logging.INFO, logger="proxy.wiring.reconcile"):
         sidecar = await make_sidecar(str(upstream.make_url("")), health_interval=0.05)
         await eventually(lambda: fake.forwarded("/weight_info") >= 4)  # probed again and again
     assert lacks(sidecar) == {"pause_state": 0.0, "sleep_state": 0.0, "weight_versions": 1.0}
-    [line] = [r.getMessage() for r in caplog.records if r.name == "proxy.reconcile"]
+    [line] = [r.getMessage() for r in caplog.records if r.name == "proxy.wiring.reconcile"]
     assert line.startswith("vLLM answers 404 for /weight_info (")
 
 
@@ -58,7 +58,7 @@ async def test_a_vllm_in_dev_mode_lacks_nothing_and_says_nothing(
     fake: FakeVLLM,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="proxy.reconcile"):
+    with caplog.at_level(logging.INFO, logger="proxy.wiring.reconcile"):
         sidecar = await make_sidecar(str(upstream.make_url("")), health_interval=0.05)
         await eventually(lambda: lacks(sidecar) == dict.fromkeys(FEATURES, 0.0))
-    assert not [r for r in caplog.records if r.name == "proxy.reconcile"]
+    assert not [r for r in caplog.records if r.name == "proxy.wiring.reconcile"]

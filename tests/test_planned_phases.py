@@ -330,7 +330,7 @@ async def test_a_slow_health_during_a_pause_keeps_the_sidecar_ready(
     sidecar = await make_sidecar(str(upstream.make_url("")), connect_timeout=1)  # checks: 5 s
     discovery = sidecar.app[DISCOVERY]
     await control(sidecar, "/pause")
-    with caplog.at_level(logging.INFO, logger="proxy.discovery"):
+    with caplog.at_level(logging.INFO, logger="proxy.upstream"):
         fake.script("GET /health", hang(), times=2)  # two checks in a row time out
         await eventually(lambda: caplog.text.count(SLOW_HEALTH) == 1, "a slow check", 20)
         assert (discovery.healthy, await readyz(sidecar)) == (True, 200)
@@ -356,7 +356,7 @@ async def test_a_long_pause_is_flagged_and_the_flag_ends_with_it(
     lifecycle = sidecar.app[LIFECYCLE]
     long = "vllm_sidecar_engine_phase_long"
     assert (lifecycle.describe()["long"], sidecar.metric(long, phase="serving")) == (False, 0)
-    with caplog.at_level(logging.WARNING, logger="proxy.lifecycle"):
+    with caplog.at_level(logging.WARNING, logger="proxy.engine"):
         await control(sidecar, "/pause")
         await eventually(lambda: lifecycle.describe()["long"] is True, "the pause is long")
     assert sidecar.metric(long, phase="paused") == 1

@@ -21,7 +21,7 @@ from aiohttp import web
 from proxy.core.errors import BufferBudgetExhausted
 from proxy.observe.metrics import Metrics
 
-log = logging.getLogger("proxy.budget")  # its name before the layers: kept for filters
+log = logging.getLogger(__name__)
 
 
 # A body this large or larger is a burst worth trimming the heap after (map_large_buffers's

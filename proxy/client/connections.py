@@ -30,7 +30,7 @@ from proxy.observe.metrics import Metrics
 from .drain import InFlight
 from .guard import Guard, Limits
 
-log = logging.getLogger("proxy.connections")  # its name before the layers: kept for filters
+log = logging.getLogger(__name__)
 
 # Descriptors kept for everything but client connections: listeners, the admin port, logs.
 RESERVED_FDS = 64

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-log = logging.getLogger("proxy.drain")  # its name before the layers: kept for filters
+log = logging.getLogger(__name__)
 
 
 class InFlight:

@@ -23,7 +23,7 @@ from proxy.upstream.discovery import DISCOVERY
 from proxy.upstream.hop import HOP
 from proxy.upstream.session import UPSTREAM, UPSTREAM_ERRORS, read_capped, target
 
-from . import continuing as continuation
+from . import continuing
 from .budget import BUDGET
 from .failures import error_reply
 from .flow import Flow, Relay
@@ -56,13 +56,13 @@ async def call_upstream(flow: Flow, body: bytes | StreamedBody) -> web.StreamRes
         headers["Content-Type"] = "application/json"
     if rule(rec.route).own_health and request.method in ("GET", "HEAD"):
         return await _health(flow, headers)
-    if (plan := continuation.wanted(request, rec, body)) is not None:
+    if (plan := continuing.wanted(request, rec, body)) is not None:
         return await _continuing(flow, plan, headers)
     return await _exchange(flow, body, headers)
 
 
 async def _continuing(flow: Flow, plan: Plan, headers: CIMultiDict[str]) -> web.StreamResponse:
-    """A continuable request (client/continuation.py): its parts go through the same exchange,
+    """A continuable request (client/continuing/): its parts go through the same exchange,
     each with a request id of its own (vLLM refuses a duplicate while parts run at once)."""
 
     async def send(body: bytes, part: str, relay: Relay) -> web.StreamResponse:
@@ -70,13 +70,13 @@ async def _continuing(flow: Flow, plan: Plan, headers: CIMultiDict[str]) -> web.
         own[hdrs.REQUEST_ID] = f"{flow.rec.request_id}-{part}"
         return await _exchange(flow, body, own, relay, PART_PATH.get(plan.kind))
 
-    continuing = continuation.Continuing(flow, plan, send)
+    parts = continuing.Continuing(flow, plan, send)
 
     async def first(flow: Flow, resp: aiohttp.ClientResponse, head: bytes) -> web.StreamResponse:
-        answer = await continuing.relay(resp, head)
+        answer = await parts.relay(resp, head)
         return answer if answer is not None else await _relay(flow, resp, head)
 
-    return await _exchange(flow, continuing.first_body(), headers, first)
+    return await _exchange(flow, parts.first_body(), headers, first)
 
 
 async def _exchange(

@@ -17,7 +17,7 @@ from proxy.observe.logs import text_field
 from proxy.observe.metrics import Metrics
 from proxy.observe.record import RequestRecord
 
-log = logging.getLogger("proxy.failures")  # its name before the layers: kept for filters
+log = logging.getLogger(__name__)
 
 _ENTITY = ("Content-Length", "Content-Type", "Content-Encoding")
 

@@ -17,7 +17,7 @@ from proxy.upstream.session import classify, closed_while_idle, never_connected
 
 from .flow import Flow
 
-log = logging.getLogger("proxy.client.exchange")  # its name before the cut: kept for filters
+log = logging.getLogger(__name__)
 
 # A connect to a vLLM its last health check found up that timed out is tried again this many
 # times: nothing was sent, and a busy vLLM on a loaded machine may accept late (a client

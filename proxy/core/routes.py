@@ -5,7 +5,7 @@ each, and tests/unit/core/test_routes.py checks every row. tests/unit/core/test_
 fails on a route vLLM mounts that the table does not name (scripts/vllm_routes.py lists them).
 A route in the table is its own metric label (`route_label`; a path with an id in it is labelled
 by its template); any other path is counted as `other`, so a client cannot mint label values.
-A row's `plane` is what the engine lifecycle (control.py, gate.py) does with it:
+A row's `plane` is what the engine lifecycle (core/control.py, engine/gate.py) does with it:
 
 - `CONTROL`: steers the engine (any method); needs the control token and may change the phase.
   Every route vLLM itself calls dev-only or operator-only is one: pause, sleep, weights, abort,

@@ -53,7 +53,7 @@ class Holds:
         self._wakeup.set()
         self._wakeup = asyncio.Event()
 
-    async def admit(self, rec: RequestRecord, deadline: float | None = None) -> None:
+    async def until_serving(self, rec: RequestRecord, deadline: float | None = None) -> None:
         """Return once the engine serves. Refuse when vLLM is down, the hold queue is full, or
         a deadline asked for passes: `deadline` (the request's own) or --phase-hold-timeout."""
         state = self.state
@@ -119,7 +119,7 @@ class Holds:
         with self._holding(), contextlib.suppress(TimeoutError):
             async with asyncio.timeout(min(0.25 * 2**attempt, 5.0, left or 5.0)):
                 await changed.wait()
-        await self.admit(rec, left)
+        await self.until_serving(rec, left)
 
 
 class Held(Protocol):
@@ -144,7 +144,7 @@ class _Serving:
         until = held.until
         try:
             left = None if until is None else max(until - time.monotonic(), 0.0)
-            await holds.admit(held.rec, left)
+            await holds.until_serving(held.rec, left)
         except PhaseRefusal as refusal:
             held.retry_after = refusal.retry_after
             raise

@@ -31,7 +31,7 @@ from .stalls import MIN_QUIET, Stalls
 from .state import ALONE, Change, EngineState, Role
 from .steps import Flags, LocalSteps, Steps
 
-log = logging.getLogger("proxy.lifecycle")  # its name before the layers: kept for filters
+log = logging.getLogger(__name__)
 
 
 class Lifecycle:

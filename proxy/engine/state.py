@@ -28,7 +28,7 @@ from proxy.observe.engine_metrics import EngineMetrics
 
 from .history import RESTART, SIDECAR, TRAINER, VLLM, History, Update
 
-log = logging.getLogger("proxy.lifecycle")  # its name before the layers: kept for filters
+log = logging.getLogger(__name__)
 
 _REFUSALS: dict[str, type[PhaseRefusal]] = {
     phase.PAUSED: EnginePaused,

@@ -189,7 +189,7 @@ def count(
         return
     position, newest = history.position(), history.newest
     labels: dict[str, int] = {}
-    known, straddling = 0, not counts.choices and straddles(None, start, end)
+    known, straddling = 0, False
     for tokens, spans in counts.choices:
         straddling = straddling or straddles(spans, start, end)
         if tokens is not None:

@@ -26,7 +26,7 @@ from proxy.upstream.discovery import Discovery, read_bound
 from .channel import Channel
 from .messages import DiscoveryChanged, DiscoveryState, RefreshModels
 
-log = logging.getLogger("proxy.podstate")  # its name before the layers: kept for filters
+log = logging.getLogger(__name__)
 
 
 def state_of(discovery: Discovery) -> DiscoveryState:

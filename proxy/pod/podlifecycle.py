@@ -24,7 +24,7 @@ from proxy.engine.steps import LocalSteps
 from .channel import Channel
 from .messages import Answered, Enter, Entered, Failed, Leave, Step, StepTaken
 
-log = logging.getLogger("proxy.podlifecycle")  # its name before the layers: kept for filters
+log = logging.getLogger(__name__)
 
 # A step may wait for the supervisor's probe of vLLM (at most 5 s each) after the answer.
 STEP_TIMEOUT = 15.0
@@ -62,7 +62,7 @@ class PodCalls:
             self.steps.leave(call)
 
 
-class Relay:
+class RemoteSteps:
     """A worker's steps: each sent to the supervisor, which takes it on the pod's state and
     publishes the result back (`EngineState.follow`); `state` is this worker's mirror."""
 

@@ -52,7 +52,7 @@ from .poddiscovery import PodDiscovery
 from .podlifecycle import PodCalls
 from .processes import Worker, describe, quick_deaths, restart_delay, start_process
 
-log = logging.getLogger("proxy.supervisor")  # its name before the layers: kept for filters
+log = logging.getLogger(__name__)
 
 # Past the grace period a worker cancels what is left and exits; this is its time to do so.
 EXIT_SLACK = 10.0

@@ -44,10 +44,10 @@ from .messages import (
 )
 from .poddiscovery import AskSupervisor
 from .poddiscovery import follow as follow_discovery
-from .podlifecycle import Relay
+from .podlifecycle import RemoteSteps
 from .port import shared_socket
 
-log = logging.getLogger("proxy.worker")  # its name before the layers: kept for filters
+log = logging.getLogger(__name__)
 
 
 class Mirror:
@@ -72,8 +72,8 @@ class Mirror:
         self.engine = lifecycle.state
         return lifecycle
 
-    def _relay(self, state: EngineState) -> Relay:
-        return Relay(state, self._channel)
+    def _relay(self, state: EngineState) -> RemoteSteps:
+        return RemoteSteps(state, self._channel)
 
     def start(self, hello: Hello) -> None:
         """The pod's state as this worker starts."""

@@ -19,7 +19,7 @@ from .discovery import Discovery, read_bound
 from .options import UpstreamOptions
 from .session import UPSTREAM_ERRORS, target
 
-log = logging.getLogger("proxy.discovery")  # its name before the layers: kept for filters
+log = logging.getLogger(__name__)
 
 
 # /health checks in a row that time out while the engine serves before it counts as down.

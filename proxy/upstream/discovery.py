@@ -21,7 +21,7 @@ from proxy.observe.metrics import Metrics
 
 from .options import UpstreamOptions
 
-log = logging.getLogger("proxy.discovery")  # its name before the layers: kept for filters
+log = logging.getLogger(__name__)
 
 
 # Served names logged at most: a server with thousands of adapters would log a line of megabytes.

@@ -27,7 +27,7 @@ from .marks import WIRE as _WIRE
 from .marks import Wire
 from .options import UpstreamOptions
 
-log = logging.getLogger("proxy.upstream")  # its name before the layers: kept for filters
+log = logging.getLogger(__name__)
 
 
 class _AnsweredOnce(ResponseHandler):

@@ -17,7 +17,7 @@ from proxy.engine.state import EngineState
 from proxy.upstream.engine_probe import Lenient, Probe, ProbeFailed
 from proxy.upstream.options import UpstreamOptions
 
-log = logging.getLogger("proxy.reconcile")  # its name before the layers: kept for filters
+log = logging.getLogger(__name__)
 
 
 # What one probe of vLLM found: its flags, no dev-mode routes, too slow to answer, or down.

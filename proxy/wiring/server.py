@@ -24,7 +24,7 @@ from proxy.observe import logs
 
 from .app import create_app
 
-log = logging.getLogger("proxy.server")  # its name before the layers: kept for filters
+log = logging.getLogger(__name__)
 
 
 async def serve(

@@ -411,7 +411,7 @@ async def test_a_served_name_cannot_forge_a_log_line(
     list of thousands is not one line of megabytes."""
     forged = "lora\nFORGED-H3 WARNING proxy.access: POST /pause 200"
     fake.served = [(forged, "/adapters/x"), *((f"m{i}", f"/m/{i}") for i in range(40))]
-    with caplog.at_level("INFO", logger="proxy.discovery"):
+    with caplog.at_level("INFO", logger="proxy.upstream"):
         await make_sidecar(str(upstream.make_url("")))
     [line] = [r.getMessage() for r in caplog.records if "upstream serves" in r.getMessage()]
     assert "\n" not in line

@@ -51,7 +51,7 @@ async def test_unexpected_exception_gets_an_internal_error_envelope(
     assert failures(sidecar, "internal_error", "500") == 1
     assert requests_with(sidecar, "500") == 1
     assert requests_with(sidecar, "0") == 0
-    logged = [r for r in caplog.records if r.name == "proxy.failures"]
+    logged = [r for r in caplog.records if r.name == "proxy.client.failures"]
     assert logged
     assert logged[0].exc_info is not None  # the traceback is in the log
 

@@ -138,7 +138,7 @@ async def test_a_healthy_vllm_that_accepts_late_is_connected_again_not_a_504(
     port.start()
     sidecar = await make_sidecar(f"http://127.0.0.1:{port.port}", connect_timeout=0.3)
     filler = await port.stall()
-    with caplog.at_level(logging.WARNING, logger="proxy.client.exchange"):
+    with caplog.at_level(logging.WARNING, logger="proxy.client.resend"):
         request = asyncio.create_task(sidecar.client.post("/v1/completions", json=COMPLETION))
 
         def timed_out() -> bool:  # or the request is over: without the retry, a 504

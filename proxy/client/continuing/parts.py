@@ -19,7 +19,7 @@ from proxy.engine.lifecycle import LIFECYCLE
 from ..flow import Flow, Relay
 from ..options import OPTIONS
 
-log = logging.getLogger("proxy.continuation")
+log = logging.getLogger(__name__)
 
 Json = dict[str, Any]
 # One upstream call of a part: the body, its name (the request id's suffix), what to do with
@@ -105,7 +105,7 @@ class Parts:
         lifecycle, flow = self.lifecycle, self.flow
         try:
             with lifecycle.holds.not_running():  # held, not running: an update may start
-                await lifecycle.holds.admit(flow.rec, flow.engine.left())
+                await lifecycle.holds.until_serving(flow.rec, flow.engine.left())
         except PhaseRefusal as refusal:
             log.warning("%s: not continued: %s", flow.rec.path, refusal)
             self.count("refused")

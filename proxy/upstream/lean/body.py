@@ -15,7 +15,7 @@ HIGH_WATER = 1 << 17
 LOW_WATER = 1 << 15
 
 
-class Flow(Protocol):
+class Backpressure(Protocol):
     """The connection's side of backpressure."""
 
     def pause(self) -> None: ...
@@ -38,7 +38,7 @@ class Body:
         "total_bytes",
     )
 
-    def __init__(self, flow: Flow, read_timeout: float | None) -> None:
+    def __init__(self, flow: Backpressure, read_timeout: float | None) -> None:
         self._chunks: deque[bytes] = deque()
         self._size = 0
         self.total_bytes = 0

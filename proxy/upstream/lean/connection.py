@@ -19,7 +19,7 @@ from yarl import URL
 from ..marks import Wire
 from .reader import AnswerReader, Head
 
-log = logging.getLogger("proxy.upstream")
+log = logging.getLogger(__name__)
 
 # A response head (interim ones included) past this is refused as invalid: llhttp has no bound
 # of its own, so a runaway upstream would grow the sidecar's memory instead.
@@ -80,7 +80,7 @@ class Connection(asyncio.Protocol):
         self._reader.fail(exc)
         self.abort()
 
-    # -- Flow: backpressure from the body's reader ----------------------------------------
+    # -- Backpressure: from the body's reader ----------------------------------------
 
     def pause(self) -> None:
         if self.transport is not None and not self.lost:

@@ -15,9 +15,9 @@ import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from .body import Body, Flow
+from .body import Backpressure, Body
 
-log = logging.getLogger("proxy.upstream")
+log = logging.getLogger(__name__)
 
 # aiohttp's client bounds (ClientSession's max_line_size, max_field_size, max_headers): a status
 # line over 8190 bytes, a field whose name and value pass 8190, or more than 128 fields (trailers
@@ -44,7 +44,7 @@ class AnswerReader:
     """llhttp's callbacks for one connection, and what they found of the answer it waits for.
 
     `waiting` holds from `begin` until the final answer has arrived whole; bytes past it (a
-    stray answer, a body after a HEAD's answer) close the connection, through the `Flow`.
+    stray answer, a body after a HEAD's answer) close the connection, through its `Backpressure`.
     """
 
     __slots__ = (
@@ -63,7 +63,7 @@ class AnswerReader:
         "waiting",
     )
 
-    def __init__(self, flow: Flow) -> None:
+    def __init__(self, flow: Backpressure) -> None:
         self._flow = flow  # the connection
         self.waiting = False
         self.keep = False  # the answer now complete lets the connection carry another

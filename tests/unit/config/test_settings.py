@@ -72,7 +72,7 @@ def test_access_log_switch() -> None:
     try:
         logs.setup("info", "text", access_log=False)
         assert not access.isEnabledFor(logging.INFO)
-        assert logging.getLogger("proxy.discovery").isEnabledFor(logging.INFO)
+        assert logging.getLogger("proxy.upstream.discovery").isEnabledFor(logging.INFO)
         logs.setup("info", "text", access_log=True)
         assert access.isEnabledFor(logging.INFO)
     finally:
