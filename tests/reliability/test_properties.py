@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from proxy.core import envelope, errors, upstream_body
 from proxy.core.body import find_model, replace_model
 from proxy.core.resolution import AMBIGUOUS, CASE, EXACT, RULES, UNRESOLVED, ModelTable, ServedModel
+from tests import strategies
 
 # Names shaped like the real ones: HF paths, basenames, local paths; small alphabets make
 # collisions (ambiguity, case clashes) common enough to matter.
@@ -94,15 +95,7 @@ def test_every_served_name_resolves_to_itself(served: list[ServedModel], case: b
         assert (res.served, res.rule, res.changed) == (name, EXACT, False)
 
 
-json_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
-    max_leaves=10,
-)
+json_values = strategies.json_values(size=3, leaves=10)
 
 
 @given(

@@ -22,6 +22,7 @@ from proxy.core.body import (
 )
 from proxy.core.errors import InvalidJSON, InvalidModel, InvalidRequest
 from proxy.core.jsonskip import WINDOW
+from tests import strategies
 
 
 def find_model_in_head(head: bytes) -> ModelField | None:
@@ -182,15 +183,7 @@ def test_head_with_a_non_string_model_and_a_bad_string() -> None:
     assert raised.value.param == "model"
 
 
-json_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
-    max_leaves=20,
-)
+json_values = strategies.json_values(size=4, leaves=20)
 
 
 @given(

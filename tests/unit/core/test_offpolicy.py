@@ -69,7 +69,7 @@ def test_malformed_spans_are_none(raw: Any) -> None:
 
 
 # JSON-like values, with dicts that often carry a span's keys.
-json_values = st.recursive(
+span_like_values = st.recursive(
     st.none() | st.booleans() | st.integers(-3, 9) | st.text(max_size=3),
     lambda inner: (
         st.lists(inner, max_size=4)
@@ -78,7 +78,7 @@ json_values = st.recursive(
 )
 
 
-@given(json_values)
+@given(span_like_values)
 def test_spans_of_never_raises(raw: Any) -> None:
     spans = spans_of(raw)
     assert spans is None or all(isinstance(s, Span) for s in spans)
