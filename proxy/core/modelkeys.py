@@ -31,18 +31,20 @@ def _is_model_key(raw_key: bytes) -> bool:
     return len(raw_key) <= _MODEL_LIKE_MAX and b"\\" in raw_key and orjson.loads(raw_key) == "model"
 
 
-_LEADING = b'{"model":"'
+# Compact (`{"model":"`) or with JSON's whitespace around the colon: Python's `json.dumps`
+# writes `{"model": "` by default (the openai SDK, aiohttp's `json=`, most scripts).
+_LEADING = re.compile(rb'\{[ \t\n\r]*"model"[ \t\n\r]*:[ \t\n\r]*"')
 _AT_ONCE = 64 << 10  # a rest this short is searched in one regex call (C speed, microseconds)
 
 
 def leading_model(body: bytes) -> tuple[int, int] | None:
     """The span of the `model` value of a body in the shape SkyRL and the openai SDK send,
-    `{"model":"<name>"` first, with no escape in the name and no other `model` key possible
-    after it; None for any other body, which the walk in `model_spans` reads instead. The
+    `{"model":"<name>"` first (or `{"model": "<name>"`), with no escape in the name and no
+    other `model` key possible after it; None for any other body, which the walk in `model_spans` reads instead. The
     same answer as that walk, without a Python step per key: most requests are this shape."""
-    if not body.startswith(_LEADING):
+    if (lead := _LEADING.match(body)) is None:
         return None
-    start = len(_LEADING) - 1
+    start = lead.end() - 1
     end = body.find(b'"', start + 1)
     if end < 0 or body.find(b"\\", start, end) >= 0 or len(body) - end > _AT_ONCE:
         return None

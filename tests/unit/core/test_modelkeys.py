@@ -8,7 +8,7 @@ from collections.abc import Generator
 import pytest
 
 from proxy.core.jsonskip import HOPS_PER_SLICE, Malformed
-from proxy.core.modelkeys import TooComplex, model_spans
+from proxy.core.modelkeys import TooComplex, leading_model, model_spans
 from tests.support import exhaust
 
 Spans = list[tuple[int, int]] | None
@@ -216,3 +216,30 @@ def test_a_second_model_past_a_long_stretch_without_quotes() -> None:
     spans, yields = run_counting(model_spans(body, first_only=False))
     assert spans == [(10, 13)]
     assert yields == 1
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        json.dumps({"model": "Qwen/Qwen2.5-0.5B", "prompt": [1, 2], "max_tokens": 16}).encode(),
+        b'{"model":"Qwen/Qwen2.5-0.5B","prompt":[1,2]}',
+        b'{ "model" :\n\t"Qwen/Qwen2.5-0.5B" , "prompt": "x"}',
+    ],
+)
+def test_a_leading_model_is_found_without_the_walk_spaced_or_compact(body: bytes) -> None:
+    # `json.dumps`' default spacing (`{"model": "`) is what most Python clients send.
+    span = leading_model(body)
+    assert span is not None
+    assert [body[slice(*span)]] == values(body) == [b'"Qwen/Qwen2.5-0.5B"']
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "a", "x": {"model": "b"}}',  # a later `"model"`: the walk tells which
+        b'{"model": "a\\u0062"}',  # an escape in the name
+        b'{"prompt": "x", "model": "a"}',  # not first
+    ],
+)
+def test_the_walk_reads_what_the_leading_shape_cannot_tell(body: bytes) -> None:
+    assert leading_model(body) is None
