@@ -14,16 +14,15 @@ import asyncio
 import ctypes
 import ctypes.util
 import logging
-import os
 from collections.abc import Callable
 
 from aiohttp import web
 from prometheus_client import Gauge
 
 from proxy.core.errors import BufferBudgetExhausted
+from proxy.observe.family import one_process
 from proxy.observe.metrics import Metrics
 
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's multiprocess mode (pod/launch)
 log = logging.getLogger("proxy.budget")  # its name before the layers: kept for filters
 
 
@@ -41,11 +40,11 @@ class Budget:
         # In one process the gauge reads `used` when it is scraped: four sets a request (a
         # lock each) were 2% of a JSON request's instructions. A worker's samples live in its
         # multiprocess file, which only a set writes.
-        if os.environ.get(MULTIPROC_ENV):
-            self._gauge: Gauge | None = metrics.buffered_bytes
-        else:
-            self._gauge = None
+        self._gauge: Gauge | None = None
+        if one_process():
             metrics.buffered_bytes.set_function(lambda: self.used)
+        else:
+            self._gauge = metrics.buffered_bytes
 
     def _used(self, used: int) -> None:
         self.used = used
