@@ -15,7 +15,6 @@ clock), under 3.12 instead of .venv's 3.11: shares, not budgets.
 
 from __future__ import annotations
 
-import bisect
 import os
 import re
 import shutil
@@ -25,23 +24,35 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from cgdump import Trampolines, read_dump
 from counting import SCENARIOS, Counter, sidecar_argv
 from procs import free_port
 from targets import BENCH, HF_PATH, ROOT, SERVED, Env
 
 VENV = ROOT / ".venv-bench-layers"  # Python 3.12 with .venv's pins; made on first use
 LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-CHARS = LETTERS + "_0123456789"
+
+
+# Not skipped: the process's first functions (callgrind asserts that one is not) and the cycle
+# collector, whose pass over the whole heap lands in one request of a window now and then and
+# is its own line, not a share of the function that happened to allocate.
+KEPT = ("_start", "_dl", "gc_collect_main")
 
 
 def _skips() -> list[str]:
-    """Every C symbol but `_start*` and `_dl*`: the process's first function must be one that
-    is not skipped (callgrind asserts it); the loader's few instructions are not in a count."""
-    out = [f"{c}*" for c in LETTERS] + [f"_{c}*" for c in CHARS if c not in "sd"]
-    for kept in ("_start", "_dl"):
-        for i in range(2, len(kept)):
-            out += [f"{kept[:i]}{c}*" for c in CHARS if c != kept[i]]
-    return [f"--fn-skip={pattern}" for pattern in out]
+    """`--fn-skip` patterns for every C symbol (a name that starts with a letter or `_`) but
+    those that start with one of KEPT: the prefixes that lead to none of them, shortest first."""
+    out, todo = [], [""]
+    while todo:
+        prefix = todo.pop()
+        for c in LETTERS + "_" + ("0123456789" if prefix else ""):
+            name = prefix + c
+            if any(kept.startswith(name) for kept in KEPT):
+                if name not in KEPT:
+                    todo.append(name)
+            else:
+                out.append(f"--fn-skip={name}*")
+    return out
 
 
 SKIP = _skips()
@@ -53,14 +64,16 @@ LAYERS = (  # (layer, a pattern on the function's file), the first match wins
     ("proxy/observe/", r"/proxy/observe/"),
     ("proxy/core/", r"/proxy/core/"),
     ("proxy/, other (wiring/, upstream/)", r"/proxy/"),
-    ("the baseline proxy's own code", r"/baseline_proxy\.py$"),
+    ("the baseline proxy's own code", r"/baseline_proxy\.py:"),
     ("aiohttp client", r"/aiohttp/(client|connector|tracing|cookiejar)"),
     ("aiohttp server (and its HTTP parser/writer)", r"/aiohttp/"),
     ("prometheus_client", r"/prometheus_client/"),
+    ("the cycle collector (gc)", r":gc_collect_main$"),
     ("asyncio, uvloop (and the loop's C)", r"/asyncio/|/uvloop/|^\(C, no Python frame\)"),
     ("multidict, yarl, propcache", r"/multidict/|/yarl/|/propcache/"),
-    ("dataclasses' generated `__init__`s", r"^<string>$"),
+    ("dataclasses' generated `__init__`s", r"^<string>:"),
     ("stdlib, other (logging, json, ...)", r"/lib/python3\.\d+/(?!site-packages)|^<frozen"),
+    ("native code without a symbol", r"^\(native"),
 )
 OTHER = "other"
 
@@ -80,79 +93,8 @@ def python312() -> Path:
     return python
 
 
-@dataclass
-class Trampolines:
-    """/tmp/perf-<pid>.map: each trampoline's start, end and `py::qualname:file` name."""
-
-    starts: list[int]
-    ends: list[int]
-    names: list[str]
-
-    @classmethod
-    def read(cls, path: Path) -> Trampolines:
-        rows = []
-        for line in path.read_text().splitlines():
-            start, size, name = line.split(" ", 2)
-            rows.append((int(start, 16), int(start, 16) + int(size, 16), name))
-        rows.sort()
-        return cls([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
-
-    def name(self, fn: str) -> str:
-        """`file:qualname` of the trampoline at `fn`'s address, or what callgrind named it."""
-        if not fn.startswith("0x"):
-            return f"(C, no Python frame):{fn}"
-        address = int(fn, 16)
-        i = bisect.bisect_right(self.starts, address) - 1
-        if i < 0 or address >= self.ends[i] or not self.names[i].startswith("py::"):
-            return "(a Python function started before -X perf):" + fn
-        qualname, _, file = self.names[i][4:].rpartition(":")
-        return f"{file}:{qualname}"
-
-
-@dataclass
-class Costs:
-    """One dump's instructions: each function's self cost, and its calls' inclusive cost."""
-
-    own: dict[str, int]
-    calls: dict[str, int]
-
-
-def read_dump(dump: Path) -> Costs:
-    """A callgrind dump's costs by function name (`'2`, a recursion's depth, dropped)."""
-    names: dict[str, str] = {}
-    own: dict[str, int] = defaultdict(int)
-    calls: dict[str, int] = defaultdict(int)
-    fn, in_call = "", False
-    for line in dump.read_text().splitlines():
-        if line.startswith("fn="):
-            fn = _name(names, line[3:])
-        elif line.startswith("cfn="):
-            _name(names, line[4:])
-        elif line.startswith("calls="):
-            in_call = True
-        elif line[:1].isdigit() or line[:1] in "+-*":
-            cost = int(line.split()[-1]) if len(line.split()) > 1 else 0
-            if in_call:
-                calls[fn] += cost
-            else:
-                own[fn] += cost
-            in_call = False
-    return Costs(dict(own), dict(calls))
-
-
-def _name(names: dict[str, str], spec: str) -> str:
-    """`(id) name` defines a compressed name, `(id)` uses it."""
-    if spec.startswith("("):
-        key, _, rest = spec.partition(")")
-        if rest.strip():
-            names[key] = rest.strip().split("'")[0]
-        return names.get(key, spec)
-    return spec.strip().split("'")[0]
-
-
 def layer(name: str) -> str:
-    file = name.rpartition(":")[0]
-    return next((lay for lay, pattern in LAYERS if re.search(pattern, file)), OTHER)
+    return next((lay for lay, pattern in LAYERS if re.search(pattern, name)), OTHER)
 
 
 @dataclass
@@ -180,7 +122,7 @@ def _profile(label: str, argv: list[str], cwd: Path, env: Env, requests: int) ->
         costs = read_dump(dump)
         fns: dict[str, float] = defaultdict(float)
         for fn, cost in costs.own.items():
-            fns[trampolines.name(fn)] += cost / requests
+            fns[trampolines.name(fn, costs.objects.get(fn, "???"))] += cost / requests
         per_function[scenario] = dict(fns)
     return Profile(label, per_function)
 
