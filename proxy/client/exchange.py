@@ -106,8 +106,7 @@ async def _send(
 ) -> web.StreamResponse:
     """One upstream call and its relayed answer; what `allowed` lets go again is raised as
     `Rejected`, `Unconnected` or `ClosedIdle` (resend.py)."""
-    request, rec = flow.request, flow.rec
-    app = request.app
+    request, rec, app = flow.request, flow.rec, flow.app
     sent = time.perf_counter()
     answered = False
     try:
@@ -121,7 +120,7 @@ async def _send(
             answered = True
             # The lean hop's Answer has the surface of a ClientResponse that the relay reads.
             resp = cast(aiohttp.ClientResponse, answer)
-            app[METRICS].ttfb.labels(rec.route).observe(time.perf_counter() - sent)
+            flow.metrics.ttfb.labels(rec.route).observe(time.perf_counter() - sent)
             flow.engine.started(resp)  # engine lifecycle: a stream a phase may stall
             first = b""
             if allowed.again:
@@ -197,7 +196,7 @@ async def _relay(
 ) -> web.StreamResponse:
     """The upstream's answer, relayed the way its kind needs."""
     app, rec = flow.app, flow.rec
-    metrics, discovery = app[METRICS], app[DISCOVERY]
+    metrics, discovery = flow.metrics, flow.discovery
     if resp.status == 101:  # the sidecar drops Upgrade (hop-by-hop): nobody asked to switch
         raise UpstreamInvalidResponse(
             f"The upstream answered 101 Switching Protocols for {rec.method} {rec.path}, which "

@@ -22,9 +22,15 @@ class Flow:
 
     __slots__ = ("app", "discovery", "engine", "metrics", "rec", "request")
 
-    def __init__(self, request: web.Request, rec: RequestRecord, engine: EngineHandle) -> None:
+    def __init__(
+        self,
+        request: web.Request,
+        rec: RequestRecord,
+        engine: EngineHandle,
+        app: web.Application | None = None,
+    ) -> None:
         self.request, self.rec, self.engine = request, rec, engine
-        self.app = app = request.app
+        self.app = app = request.app if app is None else app
         self.metrics: Metrics = app[METRICS]
         self.discovery: Discovery = app[DISCOVERY]
 

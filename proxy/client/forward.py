@@ -26,10 +26,11 @@ from .options import OPTIONS
 
 async def handle(request: web.Request) -> web.StreamResponse:
     """The proxy's one handler: its connection's guard told when it starts and ends."""
-    conns = request.app[CONNECTIONS]
+    app = request.app  # (a property of a property: read once a request)
+    conns = app[CONNECTIONS]
     guard = connections.started(conns, request)
     try:
-        response = await _handle(request)
+        response = await _handle(request, app)
         if (guard is not None and conns.draining) or _ends_at_close(request, response):
             response.force_close()  # answered with `Connection: close` (HTTP/1.1)
         return response
@@ -53,23 +54,23 @@ def _ends_at_close(request: web.Request, response: web.StreamResponse) -> bool:
     )
 
 
-async def _handle(request: web.Request) -> web.StreamResponse:
+async def _handle(request: web.Request, app: web.Application) -> web.StreamResponse:
     """The request's record, its in-flight count, and its end."""
-    metrics = request.app[METRICS]
+    metrics = app[METRICS]
     rec = RequestRecord(request.method, request.path, hdrs.request_id(request.headers))
     rec.client_request_id = hdrs.refused_request_id(request.headers, rec.request_id)
     in_flight = metrics.in_flight.labels(rec.route)
     in_flight.inc()
-    handlers = request.app[IN_FLIGHT]
+    handlers = app[IN_FLIGHT]
     task = handlers.add()
     try:
-        return await _respond(request, rec)
+        return await _respond(request, rec, app)
     except asyncio.CancelledError:
         # The shutdown grace period ran out (the drain cut it), or the client hung up.
         if handlers.cut(task):
             if rec.status == 0 and task is not None:
                 task.uncancel()  # nothing sent yet: the client still gets its envelope
-                table = request.app[DISCOVERY].table
+                table = app[DISCOVERY].table
                 return failure_response(rec, ShuttingDown(_CUT), metrics, table)
             rec.fail_with(metrics, ShuttingDown("the sidecar shut down"))
         else:
@@ -82,16 +83,17 @@ async def _handle(request: web.Request) -> web.StreamResponse:
         rec.finish(metrics)
 
 
-async def _respond(request: web.Request, rec: RequestRecord) -> web.StreamResponse:
+async def _respond(
+    request: web.Request, rec: RequestRecord, app: web.Application
+) -> web.StreamResponse:
     """The upstream's answer, or the envelope for whatever stood in its way."""
-    app = request.app
     metrics, discovery = app[METRICS], app[DISCOVERY]
     try:
         if app[IN_FLIGHT].draining:
             raise ShuttingDown(_REFUSED)
         _check_target(request)
         options = app[OPTIONS]
-        flow = Flow(request, rec, admit(request, rec))  # the engine: the token, a deadline
+        flow = Flow(request, rec, admit(request, rec), app)  # the engine: the token, a deadline
         body = await read_request(
             request,
             rec,

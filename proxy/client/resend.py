@@ -47,6 +47,14 @@ class Allowed:
 
 
 ONCE = Allowed()  # sent once: nothing goes again
+# Each of the eight, made once: a frozen dataclass is built through object.__setattr__, a
+# call per field, and every request asks for one.
+_EACH = {
+    (again, unconnected, closed_idle): Allowed(again, unconnected, closed_idle)
+    for again in (False, True)
+    for unconnected in (False, True)
+    for closed_idle in (False, True)
+}
 
 
 class Rejected(Exception):
@@ -83,7 +91,7 @@ class Resends:
 
     def allowed(self) -> Allowed:
         idle_close = self.replayable and self.stale < RESENDS_ON_IDLE_CLOSE
-        return Allowed(self.again, self.connects < RECONNECTS, idle_close)
+        return _EACH[self.again, self.connects < RECONNECTS, idle_close]
 
     async def after(self, exc: Exception) -> None:
         """Ready to send again after `exc`, or raise what the client is told."""

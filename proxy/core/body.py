@@ -20,7 +20,7 @@ import orjson
 
 from .errors import InvalidJSON, InvalidModel, InvalidRequest
 from .jsonskip import Malformed
-from .modelkeys import TooComplex, leading_model, model_spans
+from .modelkeys import TooComplex, leading_model, model_spans, sole_model
 
 # Longer than any served name or local path; a longer one is refused rather than resolved,
 # logged and compared with every served name (difflib is quadratic).
@@ -119,10 +119,11 @@ def scan_model(body: bytes) -> Scan:
     _check_encoding(body)
     if (span := leading_model(body)) is not None:
         return _field(body, *span)
-    try:
-        spans = yield from model_spans(body, first_only=False)
-    except Malformed as exc:
-        raise _syntax_error(body, exc.pos) from None
+    if (spans := sole_model(body)) is None:
+        try:
+            spans = yield from model_spans(body, first_only=False)
+        except Malformed as exc:
+            raise _syntax_error(body, exc.pos) from None
     if not spans:
         return None
     if len(spans) > 1:

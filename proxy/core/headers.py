@@ -123,6 +123,13 @@ def refused_request_id(headers: MultiMapping[str], rid: str) -> str | None:
     return given if given is not None and given != rid else None
 
 
+# Fields the sidecar writes anew for the upstream (the client's own X-Forwarded-For and Forwarded
+# values are read, and their chains extended); X-Forwarded-Host only when the request has a host.
+_REBUILT = frozenset(("x-forwarded-for", "x-forwarded-proto", "x-real-ip", "forwarded"))
+_REQUEST_SKIP = _REQUEST_DROP | _REBUILT | {"x-request-id"}
+_REQUEST_SKIP_HOST = _REQUEST_SKIP | {"x-forwarded-host"}
+
+
 def upstream_request_headers(
     headers: MultiMapping[str],
     *,
@@ -131,25 +138,38 @@ def upstream_request_headers(
     scheme: str,
     host: str | None,
 ) -> CIMultiDict[str]:
-    out = _filtered(headers, _REQUEST_DROP)
+    """The request's fields for the upstream, filtered and the proxy's own added, in one pass
+    over them (a filtered copy, then a look-up and a replace per added field, cost twice as
+    much)."""
+    named = _connection_tokens(headers) if "Connection" in headers else frozenset()
+    drop = _REQUEST_SKIP_HOST if host else _REQUEST_SKIP
+    out: CIMultiDict[str] = CIMultiDict()
+    spelt: dict[str, str] = {}  # as in `_filtered`: a field's first spelling is kept
+    chains: dict[str, list[str]] = {"x-forwarded-for": [], "forwarded": []}
+    for key, value in headers.items():
+        name = key.lower()
+        if name in drop:
+            if name in chains:  # read even when Connection names it
+                chains[name].append(value)
+            continue
+        if name not in named:
+            out.add(spelt.setdefault(name, key), value)
     if inflated(headers):
         out.popall("Content-Encoding")
-    forwarded_for = ", ".join(v for v in (*headers.getall("X-Forwarded-For", ()), client_ip) if v)
+    forwarded_for = ", ".join(v for v in (*chains["x-forwarded-for"], client_ip) if v)
     if forwarded_for:
-        out["X-Forwarded-For"] = forwarded_for
-    out["X-Forwarded-Proto"] = scheme
+        out.add("X-Forwarded-For", forwarded_for)
+    out.add("X-Forwarded-Proto", scheme)
     if host:
-        out["X-Forwarded-Host"] = host
+        out.add("X-Forwarded-Host", host)
     # X-Real-IP names one address, the client's: only the sidecar knows it, so a client's own
     # value is replaced, never passed on. Forwarded (RFC 7239) is a chain like X-Forwarded-For:
     # each proxy appends its element (section 4), so the upstream can trust the last one.
-    out.popall("X-Real-IP", None)
     if client_ip:
-        out["X-Real-IP"] = client_ip
-    out.popall("Forwarded", None)
-    chain = [*headers.getall("Forwarded", ()), _forwarded_element(client_ip, scheme, host)]
-    out["Forwarded"] = ", ".join(chain)
-    out[REQUEST_ID] = rid
+        out.add("X-Real-IP", client_ip)
+    chain = [*chains["forwarded"], _forwarded_element(client_ip, scheme, host)]
+    out.add("Forwarded", ", ".join(chain))
+    out.add(REQUEST_ID, rid)
     return out
 
 

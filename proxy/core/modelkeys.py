@@ -31,24 +31,68 @@ def _is_model_key(raw_key: bytes) -> bool:
     return len(raw_key) <= _MODEL_LIKE_MAX and b"\\" in raw_key and orjson.loads(raw_key) == "model"
 
 
-_LEADING = b'{"model":"'
+# Compact (`{"model":"`) or with JSON's whitespace around the colon: Python's `json.dumps`
+# writes `{"model": "` by default (the openai SDK, aiohttp's `json=`, most scripts).
+_LEADING = re.compile(rb'\{[ \t\n\r]*"model"[ \t\n\r]*:[ \t\n\r]*"')
 _AT_ONCE = 64 << 10  # a rest this short is searched in one regex call (C speed, microseconds)
 
 
 def leading_model(body: bytes) -> tuple[int, int] | None:
     """The span of the `model` value of a body in the shape SkyRL and the openai SDK send,
-    `{"model":"<name>"` first, with no escape in the name and no other `model` key possible
-    after it; None for any other body, which the walk in `model_spans` reads instead. The
-    same answer as that walk, without a Python step per key: most requests are this shape."""
-    if not body.startswith(_LEADING):
+    `{"model":"<name>"` first (or `{"model": "<name>"`), with no escape in the name and no
+    other `model` key possible after it; None for any other body, which the walk in
+    `model_spans` reads instead. The same answer as that walk, without a Python step per key:
+    most requests are this shape."""
+    if (lead := _LEADING.match(body)) is None:
         return None
-    start = len(_LEADING) - 1
+    start = lead.end() - 1
     end = body.find(b'"', start + 1)
     if end < 0 or body.find(b"\\", start, end) >= 0 or len(body) - end > _AT_ONCE:
         return None
     if _MODEL_LIKE.search(body, end + 1) is not None:
         return None  # a `"model"` further on: the walk tells a key from a value
     return start, end + 1
+
+
+_PARSE_AT_ONCE = 16 << 10  # orjson reads this in microseconds; the walk's Python steps cost more
+_WS = frozenset(b" \t\n\r")
+
+
+def sole_model(body: bytes) -> list[tuple[int, int]] | None:
+    """`model_spans`' answer for a short body whose only `"model"`-like string is its top-level
+    key with a string value, or that has no top-level `model` (`[]`), told by one orjson parse
+    and one search where the walk takes a Python step per key (SkyRL 0.4's generate puts
+    `sampling_params` first); None when it cannot tell, and the walk reads it."""
+    if len(body) > _PARSE_AT_ONCE:
+        return None
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None  # the walk says where it breaks
+    if type(parsed) is not dict:
+        return None
+    if "model" not in parsed:
+        return []  # any spelling of the key is decoded to `model`
+    if type(parsed["model"]) is not str:
+        return None
+    found = _MODEL_LIKE.search(body)
+    # Two such strings: which is the key is the walk's to tell (a duplicate, a nested key).
+    if found is None or _MODEL_LIKE.search(body, found.end()) is not None:
+        return None
+    pos = _skip_ws(body, found.end())
+    if body[pos : pos + 1] != b":":
+        return None
+    start = _skip_ws(body, pos + 1)
+    end = body.find(b'"', start + 1)
+    if body[start : start + 1] != b'"' or body.find(b"\\", start, end) >= 0:
+        return None
+    return [(start, end + 1)]
+
+
+def _skip_ws(body: bytes, pos: int) -> int:
+    while pos < len(body) and body[pos] in _WS:
+        pos += 1
+    return pos
 
 
 def model_spans(

@@ -6,7 +6,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .engine_metrics import EngineMetrics
-from .family import PREFIX, Family
+from .family import PREFIX, Counts, Family
 
 # Route labels are bounded by the table in routes.py (`route_label`); methods by this set.
 METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
@@ -73,7 +73,7 @@ class Metrics:
             "Model resolutions by the rule that decided them.",
             ("rule", "served_model"),
         )
-        self.in_flight = Family(
+        self.in_flight = Counts(
             Gauge(
                 PREFIX + "in_flight_requests",
                 "Requests being served now.",

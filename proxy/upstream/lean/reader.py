@@ -57,6 +57,7 @@ class AnswerReader:
         "_no_body",
         "_read_timeout",
         "_url",
+        "at_boundary",
         "body",
         "keep",
         "parser",
@@ -68,6 +69,7 @@ class AnswerReader:
         self.waiting = False
         self.keep = False  # the answer now complete lets the connection carry another
         self.parser = httptools.HttpResponseParser(self)  # what the connection feeds
+        self.at_boundary = True  # the parser is between messages: the next answer may use it
         self._head: asyncio.Future[Head] | None = None
         self._fields: list[tuple[str, str]] = []
         self.body: Body | None = None  # the final answer's, once its head is parsed
@@ -79,9 +81,11 @@ class AnswerReader:
         self._url: URL | None = None
 
     def begin(self, method: str, url: URL, read_timeout: float | None) -> asyncio.Future[Head]:
-        """Expect the answer to a request about to be written, fed to a new `parser`; its head
+        """Expect the answer to a request about to be written, fed to `parser`; its head
         arrives on the future."""
-        self.parser = httptools.HttpResponseParser(self)
+        if not self.at_boundary:  # (a parser looks up its ten callbacks as it is made)
+            self.parser = httptools.HttpResponseParser(self)
+        self.at_boundary = False
         self._head = asyncio.get_running_loop().create_future()
         self.body, self._fields, self.keep = None, [], False
         self._no_body, self._interim = method == "HEAD", False
@@ -173,6 +177,9 @@ class AnswerReader:
             return
         if self.waiting:
             self.keep = self.keep and self.parser.should_keep_alive()
+            # A HEAD's answer ended at its head: llhttp, told nothing of the HEAD, still waits
+            # for the body its Content-Length names, so that parser is not used again.
+            self.at_boundary = not self._no_body
             self._finish()
 
     def on_message_begin(self) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Generator
 import pytest
 
 from proxy.core.jsonskip import HOPS_PER_SLICE, Malformed
-from proxy.core.modelkeys import TooComplex, model_spans
+from proxy.core.modelkeys import TooComplex, leading_model, model_spans, sole_model
 from tests.support import exhaust
 
 Spans = list[tuple[int, int]] | None
@@ -216,3 +216,69 @@ def test_a_second_model_past_a_long_stretch_without_quotes() -> None:
     spans, yields = run_counting(model_spans(body, first_only=False))
     assert spans == [(10, 13)]
     assert yields == 1
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        json.dumps({"model": "Qwen/Qwen2.5-0.5B", "prompt": [1, 2], "max_tokens": 16}).encode(),
+        b'{"model":"Qwen/Qwen2.5-0.5B","prompt":[1,2]}',
+        b'{ "model" :\n\t"Qwen/Qwen2.5-0.5B" , "prompt": "x"}',
+    ],
+)
+def test_a_leading_model_is_found_without_the_walk_spaced_or_compact(body: bytes) -> None:
+    # `json.dumps`' default spacing (`{"model": "`) is what most Python clients send.
+    span = leading_model(body)
+    assert span is not None
+    assert [body[slice(*span)]] == values(body) == [b'"Qwen/Qwen2.5-0.5B"']
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "a", "x": {"model": "b"}}',  # a later `"model"`: the walk tells which
+        b'{"model": "a\\u0062"}',  # an escape in the name
+        b'{"prompt": "x", "model": "a"}',  # not first
+    ],
+)
+def test_the_walk_reads_what_the_leading_shape_cannot_tell(body: bytes) -> None:
+    assert leading_model(body) is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # SkyRL 0.4's generate: `sampling_params` first, then the model, then the token ids.
+        json.dumps(
+            {"sampling_params": {"max_tokens": 16, "stop": None}, "model": "Q", "token_ids": [1]}
+        ).encode(),
+        b'{"prompt":"x","mod\\u0065l" : "Q"}',  # the key spelt with an escape
+        b'{"a":[{"b":1}],"model":"Q","c":"d"}',
+    ],
+)
+def test_the_sole_model_key_is_found_by_one_parse(body: bytes) -> None:
+    spans = sole_model(body)
+    assert spans == run(model_spans(body, first_only=False))
+    assert spans is not None
+    assert [body[slice(*s)] for s in spans] == [b'"Q"']
+
+
+def test_a_body_without_a_top_level_model_has_none() -> None:
+    assert sole_model(b'{"prompt": "x", "n": {"modal": 1}}') == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model":"a","model":"b"}',  # a duplicate: the walk counts them
+        b'{"x":{"model":"b"},"model":"a"}',  # a nested key as well
+        b'{"prompt":"model","model":"a"}',  # a value spelt like the key
+        b'{"x":1,"model":null}',  # not a string
+        b'{"x":1,"model":"a\\"b"}',  # an escape in the name
+        b'{"x":1,"model":"a"',  # not JSON: the walk says where
+        b"[1]",
+        b'{"x":"' + b"1" * (16 << 10) + b'","model":"a"}',  # long: the walk is cheaper
+    ],
+)
+def test_what_one_parse_cannot_tell_is_left_to_the_walk(body: bytes) -> None:
+    assert sole_model(body) is None
