@@ -76,7 +76,7 @@ def draw(doc: dict[str, Any], path: Path) -> Path:
                 ax.set_title(scenario, fontsize=9)
             if col == 0:
                 ax.set_xlabel(label, fontsize=8)
-            elif scenario == "rl-512":
+            elif scenario in ("rl-512", "rl-2000"):
                 ax.set_xlabel("per event" if r == 0 else "per token", fontsize=7)
             for y, v in enumerate(values):
                 ax.text(v, y, f" {v:,.0f}", va="center", fontsize=6)

@@ -30,6 +30,7 @@ class Scenario:
     # "wrk": timed by wrk; "rl" and "held": the RL-shaped cells of streams.py.
     kind: str = "wrk"
     pace: str | None = None  # "LO-HI": the fake writes a token every LO to HI ms
+    default: bool = True  # run unless --scenarios names others; False: only when named
 
 
 def body_key(scen: Scenario, model: str) -> tuple[str, str, bool, int, str | None]:
@@ -65,6 +66,18 @@ SCENARIOS: dict[str, Scenario] = {
             RL_TOKENS,
             kind="rl",
             pace="20-50",
+        ),
+        # The same at 2,000 open streams: what each holds per stream, and per event, at scale.
+        Scenario(
+            "rl-2000",
+            f"RL-shaped: 2,000 open streams, a token every 20-50 ms, {RL_TOKENS} tokens each",
+            "small",
+            True,
+            2000,
+            RL_TOKENS,
+            kind="rl",
+            pace="20-50",
+            default=False,  # 2,000 streams a target: `--scenarios rl-2000`
         ),
         Scenario(
             "held-2000",

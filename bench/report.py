@@ -196,6 +196,14 @@ PACED_TABLES: dict[str, tuple[str, str, Callable[[Row], str]]] = {
         "CPU ms / 1k events | RSS per open stream | sidecar ÷ target: CPU | check |",
         _rl_line,
     ),
+    "rl-2000": (
+        "Delay: from the fake upstream writing a token's event to the client reading it; "
+        "added: over direct's. Gap p99: a token's arrival gap less the upstream's own gap "
+        "(jitter). RSS per stream: the peak during the window less the RSS before, / 2,000.",
+        "| target | events/s | delay p50 | delay p99 | added p50 | added p99 | gap p99 | "
+        "CPU ms / 1k events | RSS per open stream | sidecar ÷ target: CPU | check |",
+        _rl_line,
+    ),
     "held-2000": (
         "The sidecar holds the requests itself (paused through its /pause); the others "
         "have passed them on to the paused fake upstream, which holds them as vLLM would. "

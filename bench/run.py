@@ -55,7 +55,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="CI smoke: short cells; peers only if already installed",
     )
     p.add_argument("--targets", default=",".join(TARGETS), help="comma-separated, in run order")
-    p.add_argument("--scenarios", default=",".join(loads.SCENARIOS), help="comma-separated")
+    p.add_argument(
+        "--scenarios",
+        default=",".join(name for name, scen in loads.SCENARIOS.items() if scen.default),
+        help="comma-separated (rl-2000 only when named)",
+    )
     p.add_argument("--seconds", type=float, help="timed seconds per cell (default 5, quick 1)")
     p.add_argument(
         "--warmup", type=float, help="warm-up seconds per cell (default 1, quick 0: none)"
