@@ -36,6 +36,11 @@ class Metrics:
             "Rounds of the health or discovery loop that failed unexpectedly (and were survived).",
             ("task",),
         )
+        self.trace_drops = self._counter(
+            "trace_spans_dropped",
+            "Spans not exported (--otlp-traces-endpoint): queue_full, export_failed.",
+            ("reason",),
+        )
 
     def _outcomes(self) -> None:
         """How each request ended: its status, its times, its failures."""
