@@ -11,9 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.trace import Span as ClientSpan
+from opentelemetry.trace import SpanKind, Tracer, set_span_in_context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from tests.processes import ROOT, ManagedProcess
-from tests.support import free_port
+from tests.support import eventually, free_port
 
 PHOENIX_VENV = Path(os.environ.get("PHOENIX_VENV", ROOT / ".venv-phoenix"))
 
@@ -77,3 +84,43 @@ def attribute(span: Span, name: str) -> Any:
             return None
         value = value[part]
     return value
+
+
+def client_tracing(phoenix: Phoenix) -> Iterator[Tracer]:
+    """The client's own tracing (an agent's, a gateway's), exporting to the same Phoenix."""
+    provider = TracerProvider(resource=Resource.create({"service.name": "test-client"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(phoenix.traces_url)))
+    yield provider.get_tracer("tests")
+    provider.shutdown()
+
+
+def client_call(tracer: Tracer) -> tuple[ClientSpan, dict[str, str], str]:
+    """A client span, the `traceparent` header that names it, and its trace id (hex)."""
+    span = tracer.start_span("client call", kind=SpanKind.CLIENT)
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier, context=set_span_in_context(span))
+    return span, carrier, format(span.get_span_context().trace_id, "032x")
+
+
+def span_id(span: ClientSpan) -> str:
+    return format(span.get_span_context().span_id, "016x")
+
+
+async def stored_trace(
+    phoenix: Phoenix, trace_id: str, count: int, within: float = 30
+) -> list[Span]:
+    """The trace's spans once Phoenix holds at least `count` of them."""
+    found: list[Span] = []
+
+    def complete() -> bool:
+        found[:] = phoenix.spans(trace_id)
+        return len(found) >= count
+
+    await eventually(complete, f"{count} spans of trace {trace_id} in Phoenix", within=within)
+    return found
+
+
+def child_of(spans: list[Span], parent: str) -> Span:
+    """The one span whose parent is `parent` (a span id, hex)."""
+    (child,) = [s for s in spans if s["parent_id"] == parent]
+    return child

@@ -14,18 +14,21 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.trace import SpanKind, Tracer
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace import Tracer
 
 from proxy.client.traced import TRACER
 from proxy.observe.otel import traces_url
 from proxy.observe.tracing import TRACED
-from tests.fake_vllm import FakeVLLM, hang, respond
-from tests.phoenix import Phoenix, Span, attribute
+from tests.fake_vllm import FakeVLLM, respond
+from tests.phoenix import (
+    Phoenix,
+    attribute,
+    child_of,
+    client_call,
+    client_tracing,
+    span_id,
+    stored_trace,
+)
 from tests.processes import ROOT
 from tests.sidecar import COMPLETION, MakeSidecar
 from tests.support import eventually, free_port
@@ -35,40 +38,11 @@ DROPPED = "vllm_sidecar_trace_spans_dropped_total"
 
 @pytest.fixture
 def client_tracer(phoenix: Phoenix) -> Iterator[Tracer]:
-    """The client's own tracing (an agent's, a gateway's), exporting to the same Phoenix."""
-    provider = TracerProvider(resource=Resource.create({"service.name": "test-client"}))
-    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(phoenix.traces_url)))
-    yield provider.get_tracer("tests")
-    provider.shutdown()
-
-
-def _traceparent(tracer: Tracer) -> tuple[Any, dict[str, str]]:
-    span = tracer.start_span("client call", kind=SpanKind.CLIENT)
-    carrier: dict[str, str] = {}
-    from opentelemetry.trace import set_span_in_context
-
-    TraceContextTextMapPropagator().inject(carrier, context=set_span_in_context(span))
-    return span, carrier
-
-
-async def _trace(phoenix: Phoenix, trace_id: str, count: int) -> list[Span]:
-    found: list[Span] = []
-
-    def complete() -> bool:
-        found[:] = phoenix.spans(trace_id)
-        return len(found) >= count
-
-    await eventually(complete, f"{count} spans of trace {trace_id} in Phoenix", within=30)
-    return found
+    yield from client_tracing(phoenix)
 
 
 def _sampled(traceparent: str) -> bool:
     return bool(int(traceparent.rsplit("-", 1)[1], 16) & 1)  # W3C trace flags: bit 0
-
-
-def _named(spans: list[Span], name: str) -> list[Span]:
-    # Phoenix's `span_kind` is OpenInference's (LLM, CHAIN, ...), not OpenTelemetry's.
-    return [s for s in spans if s["name"] == name]
 
 
 async def test_one_request_is_one_trace_client_to_sidecar_to_upstream(
@@ -81,21 +55,18 @@ async def test_one_request_is_one_trace_client_to_sidecar_to_upstream(
     sidecar = await make_sidecar(
         str(upstream.make_url("")), otlp_traces_endpoint=phoenix.traces_url
     )
-    client_span, headers = _traceparent(client_tracer)
+    client_span, headers, trace_id = client_call(client_tracer)
     resp = await sidecar.client.post(
         "/v1/completions", json={**COMPLETION, "model": "Tiny-Model"}, headers=headers
     )
     assert resp.status == 200
     await resp.read()
     client_span.end()
-    trace_id = format(client_span.get_span_context().trace_id, "032x")
 
-    spans = await _trace(phoenix, trace_id, 3)
-    (server,) = [
-        s for s in spans if s["parent_id"] == format(client_span.get_span_context().span_id, "016x")
-    ]
+    spans = await stored_trace(phoenix, trace_id, 3)
+    server = child_of(spans, span_id(client_span))
     assert server["name"] == "POST /v1/completions"
-    (upstream_call,) = [s for s in spans if s["parent_id"] == server["context"]["span_id"]]
+    upstream_call = child_of(spans, server["context"]["span_id"])
     assert attribute(server, "gen_ai.request.model") == "Tiny-Model"
     assert attribute(server, "gen_ai.response.model") == "tiny-model"
     assert attribute(server, "vllm_sidecar.model.rule") == "case"
@@ -125,8 +96,8 @@ async def test_an_upstream_error_is_on_the_server_span(
     await resp.read()
     trace_id = fake.last("/v1/completions").headers["traceparent"].split("-")[1]
 
-    spans = await _trace(phoenix, trace_id, 2)
-    (server,) = _named(spans, "POST /v1/completions")
+    spans = await stored_trace(phoenix, trace_id, 2)
+    (server,) = [s for s in spans if s["name"] == "POST /v1/completions"]
     assert attribute(server, "error.type") == "upstream_status"
     assert attribute(server, "vllm_sidecar.error.source") == "upstream"
     assert server["status_code"] == "ERROR"
@@ -147,11 +118,11 @@ async def test_the_standard_variable_turns_it_on_and_a_ratio_of_zero_follows_the
     await (await sidecar.client.post("/v1/completions", json=COMPLETION)).read()
     assert not _sampled(fake.last("/v1/completions").headers["traceparent"])
     # A client's sampled trace is followed (parent-based), and reaches Phoenix.
-    client_span, headers = _traceparent(client_tracer)
+    client_span, headers, trace_id = client_call(client_tracer)
     await (await sidecar.client.post("/v1/completions", json=COMPLETION, headers=headers)).read()
     client_span.end()
     assert _sampled(fake.last("/v1/completions").headers["traceparent"])
-    await _trace(phoenix, format(client_span.get_span_context().trace_id, "032x"), 3)
+    await stored_trace(phoenix, trace_id, 3)
 
 
 @pytest.mark.parametrize("collector", ["down", "slow"])
@@ -164,36 +135,48 @@ async def test_a_collector_down_or_slow_costs_requests_nothing_but_counted_drops
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "4")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "2")
+    # An export waits this long for the slow collector: far longer than all the requests take.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "60")
+    exports: list[web.Request] = []  # those the slow collector took, answered only at the end
+    done = asyncio.Event()
+
+    async def never_answers(request: web.Request) -> web.Response:
+        exports.append(request)
+        await done.wait()
+        return web.Response(status=503)
+
     if collector == "down":
         endpoint = f"http://127.0.0.1:{free_port()}/v1/traces"
     else:
-        slow = web.Application()  # a collector that takes the connection and never answers
-        slow.router.add_post("/v1/traces", hang())
+        slow = web.Application()
+        slow.router.add_post("/v1/traces", never_answers)
         endpoint = str((await aiohttp_server(slow)).make_url("/v1/traces"))
     sidecar = await make_sidecar(str(upstream.make_url("")), otlp_traces_endpoint=endpoint)
-    requests = 40
-    for _ in range(requests):  # one after the other: each waits for nothing of the collector
-        resp = await asyncio.wait_for(
-            sidecar.client.post("/v1/completions", json=COMPLETION), timeout=5
-        )
+
+    async def one() -> None:
+        # The bound only turns a request stuck behind the exporter into a failure.
+        resp = await asyncio.wait_for(sidecar.client.post("/v1/completions", json=COMPLETION), 30)
         assert resp.status == 200
         await resp.read()
-    assert (
-        sidecar.metric(
-            "vllm_sidecar_requests_total", route="/v1/completions", method="POST", status="200"
-        )
-        == requests
-    )
 
-    def dropped() -> float:
-        return sidecar.metric(DROPPED, reason="queue_full") + sidecar.metric(
-            DROPPED, reason="export_failed"
-        )
+    await one()
+    if collector == "slow":  # the export of the first request's spans hangs from now on
+        await eventually(lambda: exports, "the collector took an export")
+    requests = 40
+    for _ in range(requests - 1):
+        await one()
+    assert exports or collector == "down"
+    counted = {"route": "/v1/completions", "method": "POST", "status": "200"}
+    assert sidecar.metric("vllm_sidecar_requests_total", **counted) == requests
 
-    # 80 spans, at most 4 queued and 2 x 512 in flight: most are dropped, every one counted.
-    await eventually(lambda: dropped() >= 2 * requests - 4 - 1024 and dropped() > 0, "drops")
-    assert sidecar.metric(DROPPED, reason="queue_full") > 0
+    def dropped(reason: str) -> float:
+        return sidecar.metric(DROPPED, reason=reason)
+
+    # 80 spans, at most 4 queued and one batch in the exporter's hands: the rest are dropped,
+    # each one counted.
+    await eventually(lambda: dropped("queue_full") + dropped("export_failed") >= 2 * requests - 8)
+    assert dropped("queue_full") > 0
+    done.set()
 
 
 def test_tracing_off_imports_no_opentelemetry() -> None:
