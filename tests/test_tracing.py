@@ -17,8 +17,8 @@ from aiohttp.test_utils import TestServer
 from opentelemetry.trace import Tracer
 
 from proxy.client.traced import TRACER
+from proxy.observe.metrics import METRICS
 from proxy.observe.otel import traces_url
-from proxy.observe.tracing import TRACED
 from tests.fake_vllm import FakeVLLM, respond
 from tests.phoenix import (
     Phoenix,
@@ -113,7 +113,7 @@ async def test_the_standard_variable_turns_it_on_and_a_ratio_of_zero_follows_the
 ) -> None:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", phoenix.url)  # no path: added
     sidecar = await make_sidecar(str(upstream.make_url("")), otlp_traces_sample_ratio=0.0)
-    assert sidecar.app[TRACED]
+    assert sidecar.app[METRICS].traced
     # A new trace is not sampled at ratio 0: vLLM is told so (flags 00).
     await (await sidecar.client.post("/v1/completions", json=COMPLETION)).read()
     assert not _sampled(fake.last("/v1/completions").headers["traceparent"])
@@ -184,10 +184,10 @@ def test_tracing_off_imports_no_opentelemetry() -> None:
         "import sys\n"
         "from proxy.config.settings import Settings\n"
         "from proxy.wiring.app import create_app\n"
-        "from proxy.observe.tracing import TRACED\n"
+        "from proxy.observe.metrics import METRICS\n"
         "import proxy.__main__\n"
         "app = create_app(Settings())\n"
-        "assert app[TRACED] is False\n"
+        "assert app[METRICS].traced is False\n"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}

@@ -12,7 +12,7 @@ from proxy.core.errors import InvalidRequest, ShuttingDown, SidecarFailure
 from proxy.engine.gate import admissible, admit
 from proxy.observe.metrics import METRICS
 from proxy.observe.record import CLIENT_CLOSED, RequestRecord
-from proxy.observe.tracing import RECORD, TRACED
+from proxy.observe.tracing import RECORD
 from proxy.upstream.discovery import DISCOVERY
 
 from . import connections
@@ -59,7 +59,7 @@ async def _handle(request: web.Request) -> web.StreamResponse:
     metrics = request.app[METRICS]
     rec = RequestRecord(request.method, request.path, hdrs.request_id(request.headers))
     rec.client_request_id = hdrs.refused_request_id(request.headers, rec.request_id)
-    if request.app[TRACED]:  # the server span (client/traced.py) reads it at the end
+    if metrics.traced:  # the server span (client/traced.py) reads it at the end
         request[RECORD] = rec
     in_flight = metrics.in_flight.labels(rec.route)
     in_flight.inc()

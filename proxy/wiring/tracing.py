@@ -1,6 +1,7 @@
 """Tracing's wiring: off unless --otlp-traces-endpoint (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
 names a collector. Off, nothing of OpenTelemetry is imported and the request path reads one
-flag; on, the traced handler and hop (client/traced.py) take the plain ones' places."""
+attribute (`Metrics.traced`); on, the traced handler and hop (client/traced.py) take the plain
+ones' places."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from aiohttp.typedefs import Handler
 from proxy.client.forward import handle
 from proxy.config.settings import Settings
 from proxy.observe.metrics import Metrics
-from proxy.observe.tracing import TRACED
 from proxy.upstream.hop import HOP
 
 ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
@@ -28,7 +28,6 @@ def install(app: web.Application, settings: Settings, metrics: Metrics) -> Handl
     """The proxy's handler: the plain one, or, with tracing on, the traced one (the tracer and
     the traced hop are set up when the app starts, and closed when it stops)."""
     url = endpoint(settings)
-    app[TRACED] = url is not None
     if url is None:
         return handle
     try:
@@ -40,6 +39,7 @@ def install(app: web.Application, settings: Settings, metrics: Metrics) -> Handl
             f"({exc.name}): pip install 'vllm-sidecar[otel]'"
         ) from None
     ratio = settings.otlp_traces_sample_ratio
+    metrics.traced = True
 
     def dropped(reason: str, spans: int) -> None:
         metrics.trace_drops.labels(reason).inc(spans)
