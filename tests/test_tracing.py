@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestServer
 from opentelemetry.trace import Tracer
 
 from proxy.client.traced import TRACER
+from proxy.engine.lifecycle import LIFECYCLE
 from proxy.observe.metrics import METRICS
 from proxy.observe.otel import traces_url
 from tests.fake_vllm import FakeVLLM, respond
@@ -30,7 +31,7 @@ from tests.phoenix import (
     stored_trace,
 )
 from tests.processes import ROOT
-from tests.sidecar import COMPLETION, MakeSidecar
+from tests.sidecar import COMPLETION, MakeSidecar, control
 from tests.support import eventually, free_port
 
 DROPPED = "vllm_sidecar_trace_spans_dropped_total"
@@ -123,6 +124,30 @@ async def test_the_standard_variable_turns_it_on_and_a_ratio_of_zero_follows_the
     client_span.end()
     assert _sampled(fake.last("/v1/completions").headers["traceparent"])
     await stored_trace(phoenix, trace_id, 3)
+
+
+async def test_a_request_a_pause_held_says_how_long_and_under_which_weights(
+    phoenix: Phoenix, fake: FakeVLLM, upstream: TestServer, make_sidecar: MakeSidecar
+) -> None:
+    sidecar = await make_sidecar(
+        str(upstream.make_url("")), otlp_traces_endpoint=phoenix.traces_url
+    )
+    lifecycle = sidecar.app[LIFECYCLE]
+    await eventually(lambda: lifecycle.version == "default", "the weight version is known")
+    await control(sidecar, "/pause")
+    task = asyncio.create_task(sidecar.client.post("/v1/completions", json=COMPLETION))
+    await eventually(lambda: lifecycle.held == 1, "the request is held")
+    await control(sidecar, "/resume")
+    resp = await task
+    assert resp.status == 200
+    await resp.read()
+    trace_id = fake.last("/v1/completions").headers["traceparent"].split("-")[1]
+
+    spans = await stored_trace(phoenix, trace_id, 2)
+    (server,) = [s for s in spans if s["name"] == "POST /v1/completions"]
+    assert attribute(server, "vllm_sidecar.phase.held_seconds") > 0
+    assert attribute(server, "vllm_sidecar.weight.version") == "default"
+    assert attribute(server, "vllm_sidecar.weight.straddled") is False
 
 
 @pytest.mark.parametrize("collector", ["down", "slow"])
