@@ -19,7 +19,7 @@ from opentelemetry.trace import Tracer
 from proxy.client.traced import TRACER
 from proxy.engine.lifecycle import LIFECYCLE
 from proxy.observe.metrics import METRICS
-from proxy.observe.otel import traces_url
+from proxy.observe.otel import Tracing, traces_url
 from tests.fake_vllm import FakeVLLM, respond
 from tests.phoenix import (
     Phoenix,
@@ -235,3 +235,11 @@ async def test_the_tracer_is_the_apps_own(upstream: TestServer, make_sidecar: Ma
     one = await make_sidecar(str(upstream.make_url("")), otlp_traces_endpoint=endpoint)
     two = await make_sidecar(str(upstream.make_url("")), otlp_traces_endpoint=endpoint)
     assert one.app[TRACER] is not two.app[TRACER]
+
+
+def test_an_unknown_otlp_protocol_fails_at_start_not_silently(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")
+    with pytest.raises(ValueError, match="grpc or http/protobuf"):
+        Tracing("http://127.0.0.1:4318/v1/traces", 1.0, lambda reason, spans: None)

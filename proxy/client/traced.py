@@ -14,7 +14,15 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 from opentelemetry.context import Context
-from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, set_span_in_context, use_span
+from opentelemetry.trace import (
+    Span,
+    SpanKind,
+    Status,
+    StatusCode,
+    Tracer,
+    set_span_in_context,
+    use_span,
+)
 from yarl import URL
 
 from proxy.core import headers as hdrs
@@ -67,7 +75,7 @@ async def handle_traced(request: web.Request) -> web.StreamResponse:
         _CALLS.reset(token)
 
 
-def _describe(request: web.Request, calls: _Calls, span: Any) -> None:
+def _describe(request: web.Request, calls: _Calls, span: Span) -> None:
     rec = request.get(RECORD)
     if rec is None:
         return

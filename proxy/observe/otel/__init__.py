@@ -3,6 +3,7 @@ at a ratio, exporting over OTLP/HTTP through a bounded queue. Imported only when
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 
@@ -71,16 +72,24 @@ def _int(name: str, default: int) -> int:
 
 
 def _exporter(endpoint: str) -> SpanExporter:
-    # The OTLP/HTTP exporter honours the other OTEL_EXPORTER_OTLP_* variables itself (headers,
-    # timeout, compression, certificates). gRPC is vLLM's default but needs grpcio: not shipped.
+    # The OTLP exporters honour the other OTEL_EXPORTER_OTLP_* variables themselves (headers,
+    # timeout, compression, certificates). The extra ships OTLP/HTTP; gRPC (vLLM's default)
+    # works where its exporter is installed beside it.
     protocol = os.environ.get(
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "")
     )
+    if protocol == "grpc":
+        try:  # not a dependency: imported by name (and not type-checked)
+            grpc = importlib.import_module("opentelemetry.exporter.otlp.proto.grpc.trace_exporter")
+        except ImportError:
+            raise ValueError(
+                "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs opentelemetry-exporter-otlp-proto-grpc "
+                "(the otel extra ships http/protobuf: port 4318 on most collectors)"
+            ) from None
+        exporter: SpanExporter = grpc.OTLPSpanExporter(endpoint=endpoint)
+        return exporter
     if protocol not in ("", "http/protobuf"):
-        raise ValueError(
-            f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: the sidecar exports traces over "
-            "http/protobuf only (port 4318 on most collectors)"
-        )
+        raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: grpc or http/protobuf")
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     return OTLPSpanExporter(endpoint=traces_url(endpoint))
