@@ -39,6 +39,7 @@ class BoundedExport(SpanProcessor):
         self._spans: collections.deque[ReadableSpan] = collections.deque()
         self._cond = threading.Condition()
         self._stopping = False
+        self._flushing = False
         self._busy = 0  # spans taken off the queue whose export has not ended
         self._failing = False
         self._thread = threading.Thread(target=self._run, name="otel-export", daemon=True)
@@ -62,20 +63,25 @@ class BoundedExport(SpanProcessor):
             self._dropped(QUEUE_FULL, 1)
 
     def _run(self) -> None:
+        # As the SDK's batch processor: a batch leaves when it is full or `interval` after the
+        # last one, so that one HTTP request carries many spans.
         while True:
             with self._cond:
-                if not self._spans and not self._stopping:
-                    self._cond.wait(self._interval)
+                self._cond.wait_for(self._due, self._interval)
                 if not self._spans and self._stopping:
                     return
                 take = min(len(self._spans), self._batch)
                 batch = [self._spans.popleft() for _ in range(take)]
+                self._flushing = self._flushing and bool(self._spans)
                 self._busy = take
             if batch:
                 self._export(batch)
             with self._cond:
                 self._busy = 0
                 self._cond.notify_all()
+
+    def _due(self) -> bool:
+        return len(self._spans) >= self._batch or self._stopping or self._flushing
 
     def _export(self, batch: Sequence[ReadableSpan]) -> None:
         try:
@@ -98,6 +104,7 @@ class BoundedExport(SpanProcessor):
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Wait until every queued span was exported or dropped (tests; shutdown)."""
         with self._cond:
+            self._flushing = True
             self._cond.notify_all()
             return self._cond.wait_for(
                 lambda: not self._spans and not self._busy, timeout_millis / 1000
