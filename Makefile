@@ -96,7 +96,7 @@ lock:
 	bash scripts/lock.sh $(LOCK_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-vllm .venv-deploy .venv-skyrl04 .venv-lock .cache .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm .venv-deploy .venv-skyrl04 .venv-phoenix .venv-lock .cache .pytest_cache .mypy_cache .ruff_cache
 
 ## A real vLLM on CPU serving a tiny local model, the sidecar in front, a few requests through it.
 demo: $(BIN)/vllm-sidecar

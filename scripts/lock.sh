@@ -24,7 +24,9 @@ compile() {
 }
 
 mkdir -p requirements
-compile pyproject.toml -o requirements/runtime.txt "$@"
+# The otel extra too: tracing is turned on by an environment variable (docs/tracing.md), so the
+# image carries what it needs; with tracing off nothing of it is imported.
+compile pyproject.toml --extra otel -o requirements/runtime.txt "$@"
 "$LOCK_VENV/bin/python" -c '
 import tomllib
 print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))

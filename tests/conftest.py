@@ -16,6 +16,7 @@ from proxy.config.settings import Settings
 from proxy.wiring.app import create_app
 from tests.e2e._servers import DevVllm, TinyModel, tiny_model_dir
 from tests.fake_vllm import FakeVLLM
+from tests.phoenix import Phoenix, running_phoenix
 from tests.processes import SidecarProcess, running
 from tests.sidecar import MakeSidecar, Sidecar, StartSidecar
 
@@ -64,6 +65,12 @@ def _shared_dev_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevVl
     server = DevVllm(TinyModel(tiny_model_dir()), tmp_path_factory.mktemp("vllm-dev"))
     with running(server):
         yield server
+
+
+@pytest.fixture(scope="session")
+def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Phoenix]:
+    """Arize Phoenix, a real OTLP receiver (tests/test_tracing.py), started once."""
+    yield from running_phoenix(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from proxy.core.errors import InvalidRequest, ShuttingDown, SidecarFailure
 from proxy.engine.gate import admissible, admit
 from proxy.observe.metrics import METRICS
 from proxy.observe.record import CLIENT_CLOSED, RequestRecord
+from proxy.observe.tracing import RECORD
 from proxy.upstream.discovery import DISCOVERY
 
 from . import connections
@@ -59,6 +60,8 @@ async def _handle(request: web.Request, app: web.Application) -> web.StreamRespo
     metrics = app[METRICS]
     rec = RequestRecord(request.method, request.path, hdrs.request_id(request.headers))
     rec.client_request_id = hdrs.refused_request_id(request.headers, rec.request_id)
+    if metrics.traced:  # the server span (client/traced.py) reads it at the end
+        request[RECORD] = rec
     in_flight = metrics.in_flight.labels(rec.route)
     in_flight.inc()
     handlers = app[IN_FLIGHT]

@@ -127,6 +127,17 @@ class Settings(BaseSettings):
         None, description="bearer token every control-plane call (pause, sleep, weights) needs"
     )
     control_token_file: str | None = Field(None, description="a file holding --control-token")
+    otlp_traces_endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP traces URL (http://collector:4318/v1/traces): a span per request"
+        " and per upstream call (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT; the otel extra)",
+    )
+    otlp_traces_sample_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="share of new traces sampled; a client's sampled flag is followed",
+    )
     access_log: bool = Field(True, description="one INFO line per request (logger proxy.access)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info")
     log_format: Literal["text", "json"] = Field("text")

@@ -67,6 +67,7 @@ class Holds:
             why = f"{self.held} requests are held already (--phase-hold-queue)"
             raise state.refusal(rec.route, why)
         self.metrics.requests.labels(state.phase, rec.route, "held").inc()
+        since = time.monotonic()
         try:
             with self._holding():
                 async with asyncio.timeout(limit):
@@ -75,6 +76,8 @@ class Holds:
                         await self._wakeup.wait()
         except TimeoutError:
             raise state.refusal(rec.route, f"held {limit:.3g}s ({flag})") from None
+        finally:
+            rec.held += time.monotonic() - since  # the record's (a trace's), never on serving
 
     def serving(self, held: Held) -> _Serving:
         """Around a data request's upstream call: held until the engine serves (`admit`), then

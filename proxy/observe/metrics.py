@@ -36,6 +36,14 @@ class Metrics:
             "Rounds of the health or discovery loop that failed unexpectedly (and were survived).",
             ("task",),
         )
+        # Whether a trace reads each request's record (wiring/tracing.py sets it): read once
+        # per request, on an object the handler holds already, so off costs one attribute read.
+        self.traced = False
+        self.trace_drops = self._counter(
+            "trace_spans_dropped",
+            "Spans not exported (--otlp-traces-endpoint): queue_full, export_failed.",
+            ("reason",),
+        )
 
     def _outcomes(self) -> None:
         """How each request ended: its status, its times, its failures."""

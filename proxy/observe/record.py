@@ -32,6 +32,8 @@ class RequestRecord:
     resolved: str | None = None
     rule: str = ABSENT
     reason: str | None = None
+    source: str | None = None  # the first failure's envelope source (upstream, sidecar)
+    held: float = 0.0  # seconds a phase held it before it went upstream
     upstream_time: float = 0.0
     duration: float = 0.0
 
@@ -44,7 +46,8 @@ class RequestRecord:
     def fail(self, metrics: Metrics, source: str, reason: str, status: int) -> None:
         """Count one failure; the first one names the request's outcome in the log."""
         metrics.failures.labels(self.route, source, reason, str(status)).inc()
-        self.reason = self.reason or reason
+        if self.reason is None:
+            self.reason, self.source = reason, source
 
     def disconnected(self, metrics: Metrics) -> None:
         """Count a client that hung up; its hang-up names the outcome unless a failure did."""

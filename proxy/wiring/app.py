@@ -28,6 +28,7 @@ from proxy.upstream.hop import HOP, hop
 from proxy.upstream.session import SESSION, UPSTREAM, make_session
 
 from .reconcile import reconciling
+from .tracing import install as tracing
 
 
 async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -108,7 +109,7 @@ def create_app(
     app.cleanup_ctx.append(_upstream_ctx)
     everything = _Everything("/")
     app.router.register_resource(everything)
-    everything.add_route("*", handle, expect_handler=expect)
+    everything.add_route("*", tracing(app, settings, metrics), expect_handler=expect)
     return app
 
 

@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from proxy.config.settings import Settings
 from proxy.core.phase import PHASES, SERVING
+from proxy.wiring.tracing import ENV as TRACES_ENDPOINT
 
 from ._support import (
     COMPOSE,
@@ -261,6 +263,40 @@ def test_the_control_token_comes_from_a_secret_in_kubernetes_and_the_environment
     assert token["valueFrom"]["secretKeyRef"]["optional"] is True
     environment = load_yaml(COMPOSE)["services"]["sidecar"]["environment"]
     assert environment["VLLM_SIDECAR_CONTROL_TOKEN"] == "${VLLM_SIDECAR_CONTROL_TOKEN:-}"
+
+
+def _commented_env(path: Path, first: str) -> list[dict[str, str]]:
+    """The commented-out env entries that start with `- name: <first>`, uncommented."""
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == f"# - name: {first}")
+    block = []
+    for line in lines[start:]:
+        text = line.strip()
+        if not text.startswith("# - name:") and not text.startswith("#   "):
+            break
+        block.append(text.removeprefix("# "))
+    entries: list[dict[str, str]] = yaml.safe_load("\n".join(block))
+    return entries
+
+
+def test_traces_are_commented_in_kubernetes_and_a_profile_in_compose() -> None:
+    env = {
+        e["name"]: e["value"]
+        for e in _commented_env(KUBERNETES / "deployment.yaml", TRACES_ENDPOINT)
+    }
+    assert set(env) == {TRACES_ENDPOINT, "VLLM_SIDECAR_OTLP_TRACES_SAMPLE_RATIO"}
+    assert env[TRACES_ENDPOINT].endswith(":4318/v1/traces")  # OTLP/HTTP, the exporter shipped
+    settings = Settings(otlp_traces_sample_ratio=env["VLLM_SIDECAR_OTLP_TRACES_SAMPLE_RATIO"])
+    assert 0 < settings.otlp_traces_sample_ratio < 1
+    services = _compose()["services"]
+    assert services["jaeger"]["profiles"] == ["tracing"]
+    sidecar = services["sidecar"]["environment"]
+    # Off unless asked for: an empty endpoint turns nothing on.
+    assert sidecar[TRACES_ENDPOINT] == f"${{{TRACES_ENDPOINT}:-}}"
+    ratio = sidecar["VLLM_SIDECAR_OTLP_TRACES_SAMPLE_RATIO"]
+    assert Settings(otlp_traces_sample_ratio=ratio.split(":-")[1].rstrip("}"))
+    # The endpoint the compose file's header tells users to set reaches the Jaeger service.
+    assert f"{TRACES_ENDPOINT}=http://jaeger:4318/v1/traces" in COMPOSE.read_text()
 
 
 def test_service_and_podmonitor_name_ports_the_containers_declare() -> None:

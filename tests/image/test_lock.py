@@ -20,6 +20,12 @@ def test_runtime_lock_pins_every_dependency_of_pyproject_for_every_target() -> N
     assert disagreements(dependencies, read_lock(RUNTIME_LOCK), TARGETS) == []
 
 
+def test_runtime_lock_pins_the_otel_extra_too() -> None:
+    # Tracing is turned on by an environment variable alone: the image carries its packages.
+    otel = pyproject()["project"]["optional-dependencies"]["otel"]
+    assert disagreements(otel, read_lock(RUNTIME_LOCK), TARGETS) == []
+
+
 def test_build_lock_pins_the_build_backend_pyproject_names() -> None:
     requires = pyproject()["build-system"]["requires"]
     assert disagreements(requires, read_lock(BUILD_LOCK), TARGETS) == []
