@@ -20,6 +20,7 @@ from proxy.client.traced import TRACER
 from proxy.engine.lifecycle import LIFECYCLE
 from proxy.observe.metrics import METRICS
 from proxy.observe.otel import Tracing, traces_url
+from tests.fake_generator import Generator
 from tests.fake_vllm import FakeVLLM, respond
 from tests.phoenix import (
     Phoenix,
@@ -33,6 +34,7 @@ from tests.phoenix import (
 from tests.processes import ROOT
 from tests.sidecar import COMPLETION, MakeSidecar, control
 from tests.support import eventually, free_port
+from tests.test_continuation import cut
 
 DROPPED = "vllm_sidecar_trace_spans_dropped_total"
 
@@ -243,3 +245,36 @@ def test_an_unknown_otlp_protocol_fails_at_start_not_silently(
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")
     with pytest.raises(ValueError, match="grpc or http/protobuf"):
         Tracing("http://127.0.0.1:4318/v1/traces", 1.0, lambda reason, spans: None)
+
+
+async def test_each_continued_part_is_a_client_span_of_its_own(
+    phoenix: Phoenix, fake: FakeVLLM, upstream: TestServer, make_sidecar: MakeSidecar
+) -> None:
+    """A generation an abort-mode pause cut short and a weight update finished: one server span,
+    a client span per part, each with the request id vLLM saw, the versions both named."""
+    generator = Generator(fake)
+    generator.install()
+    sidecar = await make_sidecar(
+        str(upstream.make_url("")), otlp_traces_endpoint=phoenix.traces_url, continue_aborted=True
+    )
+    await eventually(lambda: sidecar.app[LIFECYCLE].version == "default")
+    generator.stall_at = 5
+    body = {"model": "tiny-model", "prompt": [3, 1, 4], "max_tokens": 12}
+    asked = asyncio.create_task(sidecar.client.post("/v1/completions", json=body))
+    await cut(sidecar, generator, "v2")
+    resp = await asked
+    assert resp.status == 200
+    await resp.read()
+    first, second = (r for r in fake.requests if r.raw_path == "/v1/completions")
+    trace_id = second.headers["traceparent"].split("-")[1]
+    assert first.headers["traceparent"].split("-")[1] == trace_id
+
+    spans = await stored_trace(phoenix, trace_id, 3)
+    (server,) = [s for s in spans if s["name"] == "POST /v1/completions"]
+    parts = [s for s in spans if s["parent_id"] == server["context"]["span_id"]]
+    assert len(parts) == 2
+    seen = {attribute(p, "vllm_sidecar.upstream.request_id") for p in parts}
+    assert seen == {first.headers["X-Request-Id"], second.headers["X-Request-Id"]}
+    assert attribute(server, "vllm_sidecar.continued_parts") == 1
+    assert attribute(server, "vllm_sidecar.weight.version") == "default"
+    assert attribute(server, "vllm_sidecar.weight.version_end") == "v2"
