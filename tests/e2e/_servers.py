@@ -5,13 +5,25 @@ from __future__ import annotations
 import os
 import subprocess
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.processes import ROOT, ManagedProcess, SidecarProcess
+import pytest
+
+from tests.processes import ROOT, ManagedProcess, SidecarProcess, running
 from tests.support import free_port
 
-__all__ = ["VLLM_VENV", "DevVllm", "SidecarProcess", "TinyModel", "VllmServer", "tiny_model_dir"]
+__all__ = [
+    "VLLM_VENV",
+    "DevVllm",
+    "SidecarProcess",
+    "TinyModel",
+    "VllmServer",
+    "rust_vllm",
+    "tiny_model_dir",
+]
 
 VLLM_VENV = Path(os.environ.get("VLLM_VENV", ROOT / ".venv-vllm"))
 
@@ -157,6 +169,16 @@ class DevVllm(VllmServer):
             request = urllib.request.Request(f"{self.url}{path}", method="POST")
             with urllib.request.urlopen(request, timeout=120) as resp:
                 assert resp.status == 200, path
+
+
+@contextmanager
+def rust_vllm(model: TinyModel, run_dir: Path) -> Iterator[DevVllm]:
+    """A DevVllm on vLLM's Rust frontend (scripts/test-env.d/15-vllm-rs.sh), for the block."""
+    if not list((VLLM_VENV / "lib").glob("python3*/site-packages/vllm/vllm-rs")):
+        pytest.fail(f"no vllm-rs in {VLLM_VENV}: run `bash scripts/test-env.sh`")
+    with running(DevVllm(model, run_dir, rust=True)) as server:
+        assert "Launching Rust frontend" in server.log_tail(10**6)
+        yield server
 
 
 def tiny_model_dir() -> Path:

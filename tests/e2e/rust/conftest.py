@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e._servers import VLLM_VENV, DevVllm, SidecarProcess, TinyModel
+from tests.e2e._servers import DevVllm, SidecarProcess, TinyModel, rust_vllm
 from tests.processes import running
 
 
@@ -22,12 +22,7 @@ from tests.processes import running
 def _shared_rust_vllm(
     tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[DevVllm]:
-    binaries = list((VLLM_VENV / "lib").glob("python3*/site-packages/vllm/vllm-rs"))
-    if not binaries:
-        pytest.fail(f"no vllm-rs in {VLLM_VENV}: run `bash scripts/test-env.sh`")
-    server = DevVllm(tiny_model, tmp_path_factory.mktemp("vllm-rust"), rust=True)
-    with running(server):
-        assert "Launching Rust frontend" in server.log_tail(10**6)
+    with rust_vllm(tiny_model, tmp_path_factory.mktemp("vllm-rust")) as server:
         yield server
 
 

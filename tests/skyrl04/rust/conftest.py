@@ -9,19 +9,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e._servers import VLLM_VENV, DevVllm, TinyModel, tiny_model_dir
-from tests.processes import running
+from tests.e2e._servers import DevVllm, TinyModel, rust_vllm, tiny_model_dir
 
 
 @pytest.fixture(scope="package")
 def _shared_rust_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevVllm]:
-    binaries = list((VLLM_VENV / "lib").glob("python3*/site-packages/vllm/vllm-rs"))
-    if not binaries:
-        pytest.fail(f"no vllm-rs in {VLLM_VENV}: run `bash scripts/test-env.sh`")
     model = TinyModel(tiny_model_dir())
-    server = DevVllm(model, tmp_path_factory.mktemp("vllm-rust"), rust=True)
-    with running(server):
-        assert "Launching Rust frontend" in server.log_tail(10**6)
+    with rust_vllm(model, tmp_path_factory.mktemp("vllm-rust")) as server:
         yield server
 
 
