@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -135,8 +136,17 @@ def _sidecar_container() -> dict[str, Any]:
 
 
 def as_settings(env: dict[str, str]) -> Settings:
-    """Settings from VLLM_SIDECAR_* variables; extra="forbid" rejects a misspelt name."""
-    return Settings(**{name.removeprefix("VLLM_SIDECAR_").lower(): v for name, v in env.items()})
+    """Settings from VLLM_SIDECAR_* variables, compose's `${NAME:-default}` read as its default;
+    extra="forbid" rejects a misspelt name. OTEL_* are OpenTelemetry's own variables, which the
+    SDK reads (and Settings reads OTEL_EXPORTER_OTLP_TRACES_ENDPOINT itself)."""
+    prefix = "VLLM_SIDECAR_"
+    ours = {n.removeprefix(prefix).lower(): v for n, v in env.items() if n.startswith(prefix)}
+    return Settings(**{name: _default(value) for name, value in ours.items()})
+
+
+def _default(value: str) -> str:
+    found = re.fullmatch(r"\$\{\w+:-(.*)\}", str(value))
+    return found.group(1) if found else value
 
 
 def test_probes_name_admin_endpoints_the_running_sidecar_serves(stack: Stack) -> None:
