@@ -10,9 +10,7 @@ from aiohttp.http import HttpVersion11
 from proxy.core import headers as hdrs
 from proxy.core.errors import InvalidRequest, ShuttingDown, SidecarFailure
 from proxy.engine.gate import admissible, admit
-from proxy.observe.metrics import METRICS
 from proxy.observe.record import CLIENT_CLOSED, RequestRecord
-from proxy.upstream.discovery import DISCOVERY
 
 from . import connections
 from .connections import CONNECTIONS
@@ -56,22 +54,22 @@ def _ends_at_close(request: web.Request, response: web.StreamResponse) -> bool:
 
 async def _handle(request: web.Request, app: web.Application) -> web.StreamResponse:
     """The request's record, its in-flight count, and its end."""
-    metrics = app[METRICS]
     rec = RequestRecord(request.method, request.path, hdrs.request_id(request.headers))
     rec.client_request_id = hdrs.refused_request_id(request.headers, rec.request_id)
+    flow = Flow(request, rec, app)  # the exchange: every step below takes it
+    metrics = flow.metrics
     in_flight = metrics.in_flight.labels(rec.route)
     in_flight.inc()
     handlers = app[IN_FLIGHT]
     task = handlers.add()
     try:
-        return await _respond(request, rec, app)
+        return await _respond(flow)
     except asyncio.CancelledError:
         # The shutdown grace period ran out (the drain cut it), or the client hung up.
         if handlers.cut(task):
             if rec.status == 0 and task is not None:
                 task.uncancel()  # nothing sent yet: the client still gets its envelope
-                table = app[DISCOVERY].table
-                return failure_response(rec, ShuttingDown(_CUT), metrics, table)
+                return failure_response(flow, ShuttingDown(_CUT))
             rec.fail_with(metrics, ShuttingDown("the sidecar shut down"))
         else:
             rec.disconnected(metrics)
@@ -83,32 +81,21 @@ async def _handle(request: web.Request, app: web.Application) -> web.StreamRespo
         rec.finish(metrics)
 
 
-async def _respond(
-    request: web.Request, rec: RequestRecord, app: web.Application
-) -> web.StreamResponse:
+async def _respond(flow: Flow) -> web.StreamResponse:
     """The upstream's answer, or the envelope for whatever stood in its way."""
-    metrics, discovery = app[METRICS], app[DISCOVERY]
+    request = flow.request
     try:
-        if app[IN_FLIGHT].draining:
+        if flow.app[IN_FLIGHT].draining:
             raise ShuttingDown(_REFUSED)
         _check_target(request)
-        options = app[OPTIONS]
-        flow = Flow(request, rec, admit(request, rec), app)  # the engine: the token, a deadline
-        body = await read_request(
-            request,
-            rec,
-            discovery,
-            metrics,
-            options.max_body_bytes,
-            bounded_pool=options.max_connections > 0,
-            engine=flow.engine,
-        )
+        flow.engine = admit(request, flow.rec)  # the engine: the token, a deadline
+        await read_request(flow)
         async with flow.engine.hold():  # a data request's hold; the phase a control call enters
-            return await call_upstream(flow, body)
+            return await call_upstream(flow)
     except SidecarFailure as failure:
-        return failure_response(rec, failure, metrics, discovery.table)
+        return failure_response(flow, failure)
     except Exception as exc:
-        return unexpected(request, rec, exc, metrics, discovery.table)
+        return unexpected(flow, exc)
 
 
 _CUT = "The sidecar shut down before the upstream answered (--shutdown-grace ran out); retry."

@@ -17,7 +17,6 @@ from proxy.core.upstream_body import no_choices
 from proxy.engine.tally import Tally
 from proxy.observe.metrics import Metrics
 from proxy.observe.record import RequestRecord
-from proxy.upstream.discovery import Discovery
 from proxy.upstream.session import UPSTREAM_ERRORS, classify, read_capped
 
 from .drain import IN_FLIGHT
@@ -30,8 +29,9 @@ BUFFER_LIMIT = 16 * 1024 * 1024
 
 
 async def buffered_reply(
-    rec: RequestRecord, resp: aiohttp.ClientResponse, body: bytes | None = None
+    flow: Flow, resp: aiohttp.ClientResponse, body: bytes | None = None
 ) -> web.Response:
+    rec = flow.rec
     body = await resp.read() if body is None else body
     if resp.status == 200 and rule(rec.route).choices and no_choices(body):
         raise UpstreamInvalidResponse(
@@ -67,10 +67,10 @@ def chunked_json_read(resp: aiohttp.ClientResponse) -> bool:
     )
 
 
-async def checked_json_reply(rec: RequestRecord, resp: aiohttp.ClientResponse) -> web.Response:
+async def checked_json_reply(flow: Flow, resp: aiohttp.ClientResponse) -> web.Response:
     """An unframed JSON body, read whole and relayed only when it parses: a cut one is a 502."""
     body, over = await read_capped(resp, BUFFER_LIMIT)
-    where = f"for {rec.method} {rec.path}"
+    where = f"for {flow.rec.method} {flow.rec.path}"
     if over:
         raise UpstreamInvalidResponse(
             f"The upstream sent a JSON body over {BUFFER_LIMIT} bytes without Content-Length "
@@ -83,7 +83,7 @@ async def checked_json_reply(rec: RequestRecord, resp: aiohttp.ClientResponse) -
             f"The upstream's JSON body {where} ended before it was complete (no Content-Length;"
             f" the connection closed after {len(body)} bytes): {exc}"
         ) from None
-    return await buffered_reply(rec, resp, body)
+    return await buffered_reply(flow, resp, body)
 
 
 async def stream_reply(
@@ -106,8 +106,8 @@ async def stream_reply(
     try:
         failure = await stream.pump(resp, first, tally)
     except asyncio.CancelledError:
-        if sse and request.app[IN_FLIGHT].draining:
-            await stream.end_with(ShuttingDown(_GRACE_OVER), _info(rec, flow.discovery))
+        if sse and flow.app[IN_FLIGHT].draining:
+            await stream.end_with(ShuttingDown(_GRACE_OVER), _info(flow))
         raise
     finally:
         # Engine lifecycle and off-policy counts, however the stream ended: what vLLM made.
@@ -122,7 +122,7 @@ async def stream_reply(
             if request.transport is not None:
                 request.transport.close()
             return out
-        await stream.end_with(failure, _info(rec, flow.discovery))
+        await stream.end_with(failure, _info(flow))
         return out  # ended: an error event and [DONE], nothing after them
     if stream.client_gone:
         return out
@@ -132,9 +132,9 @@ async def stream_reply(
     return out
 
 
-def _info(rec: RequestRecord, discovery: Discovery) -> ModelInfo | None:
+def _info(flow: Flow) -> ModelInfo | None:
     # Built only for a stream that fails: most never need it.
-    return model_info(rec, discovery.table, suggest=False)
+    return model_info(flow.rec, flow.discovery.table, suggest=False)
 
 
 _GRACE_OVER = "The sidecar shut down before the stream finished (--shutdown-grace ran out)."

@@ -17,7 +17,6 @@ from proxy.core.phase import SERVING
 from proxy.engine.lifecycle import LIFECYCLE
 
 from ..flow import Flow, Relay
-from ..options import OPTIONS
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +37,7 @@ class Parts:
     def __init__(self, flow: Flow, plan: Plan, send: Send, captured: Captured) -> None:
         self.flow, self.plan, self._send, self._captured = flow, plan, send, captured
         self.lifecycle = lifecycle = flow.app[LIFECYCLE]
-        self.most = flow.app[OPTIONS].continue_max
+        self.most = flow.options.continue_max
         self.version = flow.engine.version or lifecycle.version  # the first part's
         self._cuts_before = lifecycle.cuts
         self._sent = 0
