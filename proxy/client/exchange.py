@@ -24,7 +24,7 @@ from proxy.upstream.session import UPSTREAM, UPSTREAM_ERRORS, read_capped, targe
 from . import continuing
 from .budget import BUDGET
 from .failures import error_reply
-from .flow import Body, Flow, Relay, StreamedBody
+from .flow import FLOW, Body, Flow, Relay, StreamedBody
 from .peek import paused_rejection
 from .relay import (
     BUFFER_LIMIT,
@@ -44,11 +44,19 @@ def origin_form(request: web.Request) -> str:
     return raw if raw.startswith("/") else request.rel_url.raw_path_qs
 
 
+def prepared(request: web.Request, response: web.StreamResponse) -> None:
+    """The response-prepare signal (wiring/app.py): the engine's `prepared` hook, which stamps
+    the answer's headers (a phase's, the weight version's)."""
+    flow = request.get(FLOW)
+    if flow is not None:
+        flow.engine.prepared(response)
+
+
 async def call_upstream(flow: Flow) -> web.StreamResponse:
     """The flow's body (read: client/inbound.py) sent upstream, and the answer relayed."""
     headers = _upstream_headers(flow)
     body = flow.body
-    if isinstance(body, bytes) and (named := flow.engine.named(body)) is not None:
+    if isinstance(body, bytes) and (named := flow.engine.body(body)) is not None:
         flow.body = body = named
         headers["Content-Type"] = "application/json"
     if rule(flow.rec.route).own_health and flow.request.method in ("GET", "HEAD"):
@@ -118,7 +126,7 @@ async def _send(
             # The lean hop's Answer has the surface of a ClientResponse that the relay reads.
             resp = cast(aiohttp.ClientResponse, answer)
             flow.metrics.ttfb.labels(rec.route).observe(time.perf_counter() - sent)
-            flow.engine.started(resp)  # engine lifecycle: a stream a phase may stall
+            flow.engine.answered(resp)  # hook: a stream a phase may stall
             first = b""
             if allowed.again:
                 first, rejected = await paused_rejection(resp)

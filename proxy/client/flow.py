@@ -9,11 +9,11 @@ from typing import Any
 import aiohttp
 from aiohttp import StreamReader, web
 
-from proxy.engine.gate import NOTHING, EngineHandle
 from proxy.observe.metrics import METRICS, Metrics
 from proxy.observe.record import RequestRecord
 from proxy.upstream.discovery import DISCOVERY, Discovery
 
+from .hooks import NO_HOOKS, FlowHooks
 from .options import OPTIONS, ClientOptions
 
 STREAM_FROM = 1 << 20  # bodies larger than this are streamed through once their head is read
@@ -44,7 +44,7 @@ Body = bytes | StreamedBody
 class Flow:
     """One exchange: the client's request, its record (what the access log and the metrics say
     of it, its model's resolution included), the body to forward, and the engine's handle on it
-    (engine/gate.py), from the head to the last byte relayed. Every step of client/ takes the
+    (hooks.py), from the head to the last byte relayed. Every step of client/ takes the
     flow and nothing beside it (mitmproxy's `Flow` is the model); what the steps read of the
     app is read once, here."""
 
@@ -58,7 +58,7 @@ class Flow:
         self.metrics: Metrics = app[METRICS]
         self.discovery: Discovery = app[DISCOVERY]
         self.options: ClientOptions = app[OPTIONS]
-        self.engine: EngineHandle = NOTHING  # the engine's say, from the head on
+        self.engine: FlowHooks = NO_HOOKS  # the engine's hooks, from the head on (hooks.py)
         self.body: Body = b""  # what goes upstream, once read (client/inbound.py)
         request[FLOW] = self
 

@@ -9,7 +9,6 @@ from aiohttp.http import HttpVersion11
 
 from proxy.core import headers as hdrs
 from proxy.core.errors import InvalidRequest, ShuttingDown, SidecarFailure
-from proxy.engine.gate import admissible, admit
 from proxy.observe.record import CLIENT_CLOSED, RequestRecord
 
 from . import connections
@@ -18,6 +17,7 @@ from .drain import IN_FLIGHT
 from .exchange import call_upstream, origin_form
 from .failures import failure_response, unexpected
 from .flow import Flow
+from .hooks import ENGINE
 from .inbound import read_request
 from .options import OPTIONS
 
@@ -88,7 +88,7 @@ async def _respond(flow: Flow) -> web.StreamResponse:
         if flow.app[IN_FLIGHT].draining:
             raise ShuttingDown(_REFUSED)
         _check_target(request)
-        flow.engine = admit(request, flow.rec)  # the engine: the token, a deadline
+        flow.app[ENGINE].head(flow)  # hook: the flow's engine handle, the token, a deadline
         await read_request(flow)
         async with flow.engine.hold():  # a data request's hold; the phase a control call enters
             return await call_upstream(flow)
@@ -130,7 +130,7 @@ async def expect(request: web.Request) -> None:
         return
     limit = request.app[OPTIONS].max_body_bytes
     too_large = request.content_length is not None and request.content_length > limit
-    if too_large or not admissible(request):
+    if too_large or not request.app[ENGINE].admissible(request):
         return
     assert request.writer is not None
     await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")

@@ -14,7 +14,6 @@ from proxy.core.headers import drop, response_headers
 from proxy.core.routes import rule
 from proxy.core.sse import ErrorWatcher, EventFramer, is_event_stream
 from proxy.core.upstream_body import no_choices
-from proxy.engine.tally import Tally
 from proxy.observe.metrics import Metrics
 from proxy.observe.record import RequestRecord
 from proxy.upstream.session import UPSTREAM_ERRORS, classify, read_capped
@@ -22,6 +21,7 @@ from proxy.upstream.session import UPSTREAM_ERRORS, classify, read_capped
 from .drain import IN_FLIGHT
 from .failures import model_info, sse_error
 from .flow import Flow
+from .hooks import Counter
 
 # Non-streamed bodies up to this size are read whole before answering, so that an upstream that
 # drops mid-body still gets the client a proper 502 envelope instead of a cut body.
@@ -102,7 +102,7 @@ async def stream_reply(
     stream = _Stream(out, rec, metrics, ErrorWatcher() if sse else None)
     if not await stream.start(request):
         return out
-    tally = engine.tally() if sse and resp.status == 200 else None
+    tally = engine.streaming() if sse and resp.status == 200 else None  # hook
     try:
         failure = await stream.pump(resp, first, tally)
     except asyncio.CancelledError:
@@ -111,10 +111,8 @@ async def stream_reply(
         raise
     finally:
         # Engine lifecycle and off-policy counts, however the stream ended: what vLLM made.
-        if stream.aborted:
-            engine.aborted()
-        if tally is not None and stream.watcher is not None:
-            engine.generated(tally.counts(stream.watcher))
+        counts = tally.counts(stream.watcher) if tally and stream.watcher else None
+        tail = engine.ended(stream.aborted, counts) if sse else b""  # hook
     if failure is not None:
         rec.fail_with(metrics, failure)
         if not sse:
@@ -126,7 +124,7 @@ async def stream_reply(
         return out  # ended: an error event and [DONE], nothing after them
     if stream.client_gone:
         return out
-    if sse and (tail := flow.engine.tail()):
+    if tail:
         await stream.write(tail)  # engine lifecycle: the weight version changed mid-stream
     await stream.finish()
     return out
@@ -156,7 +154,7 @@ class _Stream:
         self.client_gone = False
 
     async def pump(
-        self, resp: aiohttp.ClientResponse, first: bytes, tally: Tally | None
+        self, resp: aiohttp.ClientResponse, first: bytes, tally: Counter | None
     ) -> SidecarFailure | None:
         """Relay `first`, then until the upstream ends (None), fails (the failure) or the client
         leaves; `tally` counts a generation's tokens as they pass.

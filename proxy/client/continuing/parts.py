@@ -13,10 +13,9 @@ from aiohttp import web
 from proxy.core.continuation import ABORT, Plan, joining
 from proxy.core.continuation.joining import Joined
 from proxy.core.errors import PhaseRefusal, SidecarFailure
-from proxy.core.phase import SERVING
-from proxy.engine.lifecycle import LIFECYCLE
 
 from ..flow import Flow, Relay
+from ..hooks import ENGINE
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +35,7 @@ class Parts:
 
     def __init__(self, flow: Flow, plan: Plan, send: Send, captured: Captured) -> None:
         self.flow, self.plan, self._send, self._captured = flow, plan, send, captured
-        self.lifecycle = lifecycle = flow.app[LIFECYCLE]
+        self.lifecycle = lifecycle = flow.app[ENGINE]
         self.most = flow.options.continue_max
         self.version = flow.engine.version or lifecycle.version  # the first part's
         self._cuts_before = lifecycle.cuts
@@ -50,7 +49,7 @@ class Parts:
     def phase_cut(self) -> bool:
         """An abort a phase made: the engine does not serve, or an abort-mode pause or sleep
         was sent since the request was (an `/abort_requests` while serving is neither)."""
-        return self.lifecycle.phase != SERVING or self.lifecycle.cuts != self._cuts_before
+        return not self.lifecycle.serving() or self.lifecycle.cuts != self._cuts_before
 
     async def finish(self, j: Joined, streamed: StreamedPart | None = None) -> None:
         """Parts, one after the other, until the choice ends of itself or cannot go on: a token
