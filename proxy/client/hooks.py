@@ -8,12 +8,12 @@ The hooks of one flow, in the order they fire, each from one place:
 | hook | fired from | when |
 | --- | --- | --- |
 | `Engine.head(flow)` | forward.py `_respond` | the head is in: sets `flow.engine` |
-| `body(body)` | exchange.py `call_upstream` | the body is read: the body to send instead |
-| `hold()` | forward.py `_respond` | around the upstream call(s) |
+| `hold()` | forward.py `_respond` | the body is read: around the upstream call(s) |
+| `body(body)` | exchange.py `call_upstream` | within the hold: the body to send instead |
 | `answered(resp)` | exchange.py `_send` | vLLM's headers are in |
 | `prepared(response)` | exchange.py `prepared` | the answer's headers go out |
 | `streaming()` / `ended(...)` | relay.py `stream_reply` | an SSE answer starts / ends |
-| `continued(choices, usage)` | continuing/ | a continued answer's tokens |
+| `continued(choices, usage)` | continuing/parts.py `counted` | a continued answer's tokens |
 
 Beside them, what the path reads of the engine's judgement: `would_hold()`, `left()`,
 `rehold`, `version`, `token_used` (see engine/gate.py's `EngineHandle`).

@@ -4,7 +4,7 @@ surface the two ways of answering (whole.py, streamed.py) use."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import orjson
@@ -35,7 +35,7 @@ class Parts:
 
     def __init__(self, flow: Flow, plan: Plan, send: Send, captured: Captured) -> None:
         self.flow, self.plan, self._send, self._captured = flow, plan, send, captured
-        self.lifecycle = lifecycle = flow.app[ENGINE]
+        self.lifecycle = lifecycle = flow.app[ENGINE]  # the engine addon (client/hooks.py)
         self.most = flow.options.continue_max
         self.version = flow.engine.version or lifecycle.version  # the first part's
         self._cuts_before = lifecycle.cuts
@@ -142,6 +142,11 @@ class Parts:
 
     def count(self, outcome: str) -> None:
         self.flow.metrics.continuations.labels(self.flow.rec.route, outcome).inc()
+
+    def counted(self, joined: Iterable[Joined], usage: object) -> None:
+        """The continued answer's tokens, each choice joined from its parts: the engine's
+        `continued` hook (client/hooks.py), counted by lag there."""
+        self.flow.engine.continued(((len(j.tokens), j.spans, j.cuts) for j in joined), usage)
 
 
 def _choices(resp: web.StreamResponse) -> list[Json]:

@@ -134,8 +134,7 @@ class Streamed:
 
     def _generated(self, usage: object) -> None:
         """Its tokens, counted by lag (engine/tally.py), before the client's [DONE]."""
-        joined = self.joined.values()
-        self.flow.engine.continued(((len(j.tokens), j.spans, j.cuts) for j in joined), usage)
+        self.parts.counted(self.joined.values(), usage)
 
     async def _on_event(self, event: bytes, part: tuple[Joined, str | None] | None) -> None:
         data = event.strip()

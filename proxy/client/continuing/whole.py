@@ -62,7 +62,7 @@ async def whole(parts: Parts, resp: aiohttp.ClientResponse, answer: Json) -> web
     headers[WEIGHT_VERSIONS] = orjson.dumps([j.spans for j in joined]).decode()
     headers[CONTINUED] = str(sum(j.cuts for j in joined))
     rec.status = 200
-    parts.flow.engine.continued(((len(j.tokens), j.spans, j.cuts) for j in joined), usage)
+    parts.counted(joined, usage)
     return web.Response(body=orjson.dumps(answer), headers=headers)
 
 
