@@ -37,9 +37,10 @@ from .relay import (
 from .resend import ONCE, RESENT, Allowed, Rejected, Resends, not_sent_again
 
 
-def origin_form(request: web.Request) -> str:
+def origin_form(flow: Flow) -> str:
     """The raw path and query to forward; an absolute-form target (RFC 9112 section 3.2.2,
     `GET http://host/path`) keeps only those: the request still goes to the upstream."""
+    request = flow.request
     raw = request.raw_path
     return raw if raw.startswith("/") else request.rel_url.raw_path_qs
 
@@ -117,7 +118,7 @@ async def _send(
     try:
         async with app[HOP].request(
             request.method,
-            target(app[UPSTREAM], path or origin_form(request)),
+            target(app[UPSTREAM], path or origin_form(flow)),
             data=_payload(request.method, body, headers),
             headers=headers,
             allow_redirects=False,

@@ -12,9 +12,7 @@ from proxy.core import envelope, upstream_body
 from proxy.core.envelope import Envelope, ModelInfo
 from proxy.core.errors import InternalError, SidecarFailure
 from proxy.core.headers import SIDECAR_ERROR, drop, response_headers
-from proxy.core.resolution import ModelTable
 from proxy.observe.logs import text_field
-from proxy.observe.record import RequestRecord
 
 from .flow import Flow
 
@@ -23,8 +21,9 @@ log = logging.getLogger(__name__)
 _ENTITY = ("Content-Length", "Content-Type", "Content-Encoding")
 
 
-def model_info(rec: RequestRecord, table: ModelTable, *, suggest: bool) -> ModelInfo | None:
+def model_info(flow: Flow, *, suggest: bool) -> ModelInfo | None:
     """The envelope's `model` block; suggestions only for names that matched nothing."""
+    rec, table = flow.rec, flow.discovery.table
     if rec.requested is None:
         return None
     suggestions = table.suggestions(rec.requested) if suggest and rec.resolved is None else ()
@@ -32,8 +31,9 @@ def model_info(rec: RequestRecord, table: ModelTable, *, suggest: bool) -> Model
 
 
 def envelope_response(
-    rec: RequestRecord, status: int, env: Envelope, headers: CIMultiDict[str] | None = None
+    flow: Flow, status: int, env: Envelope, headers: CIMultiDict[str] | None = None
 ) -> web.Response:
+    rec = flow.rec
     out = headers if headers is not None else CIMultiDict()
     drop(out, _ENTITY)
     out[SIDECAR_ERROR] = env["error"]["reason"]
@@ -48,14 +48,15 @@ def failure_response(flow: Flow, failure: SidecarFailure) -> web.Response:
     """A failure the sidecar detected before any byte of the answer went out."""
     rec = flow.rec
     rec.fail_with(flow.metrics, failure)
-    info = model_info(rec, flow.discovery.table, suggest=False)
+    info = model_info(flow, suggest=False)
     env = envelope.from_failure(failure, request_id=rec.request_id, model=info)
-    return envelope_response(rec, failure.status, env)
+    return envelope_response(flow, failure.status, env)
 
 
-def sse_error(rec: RequestRecord, failure: SidecarFailure, info: ModelInfo | None) -> bytes:
+def sse_error(flow: Flow, failure: SidecarFailure, info: ModelInfo | None) -> bytes:
     """A failure after a 200 stream began: one SSE error event and [DONE], as vLLM does."""
-    return envelope.sse_event(envelope.from_failure(failure, request_id=rec.request_id, model=info))
+    rid = flow.rec.request_id
+    return envelope.sse_event(envelope.from_failure(failure, request_id=rid, model=info))
 
 
 def error_reply(
@@ -79,11 +80,11 @@ def error_reply(
         ),
         body_truncated=truncated,
     )
-    info = model_info(rec, flow.discovery.table, suggest=resp.status == 404)
+    info = model_info(flow, suggest=resp.status == 404)
     env = envelope.from_upstream_status(reply, request_id=rec.request_id, model=info)
     rec.fail(flow.metrics, "upstream", "upstream_status", resp.status)
     headers = response_headers(resp.headers, rid=rec.request_id)
-    return envelope_response(rec, resp.status, env, headers)
+    return envelope_response(flow, resp.status, env, headers)
 
 
 def unexpected(flow: Flow, exc: Exception) -> web.StreamResponse:

@@ -83,11 +83,10 @@ async def _handle(request: web.Request, app: web.Application) -> web.StreamRespo
 
 async def _respond(flow: Flow) -> web.StreamResponse:
     """The upstream's answer, or the envelope for whatever stood in its way."""
-    request = flow.request
     try:
         if flow.app[IN_FLIGHT].draining:
             raise ShuttingDown(_REFUSED)
-        _check_target(request)
+        _check_target(flow)
         flow.app[ENGINE].head(flow)  # hook: the flow's engine handle, the token, a deadline
         await read_request(flow)
         async with flow.engine.hold():  # a data request's hold; the phase a control call enters
@@ -102,15 +101,16 @@ _CUT = "The sidecar shut down before the upstream answered (--shutdown-grace ran
 _REFUSED = "The sidecar is shutting down and takes no new requests; retry on another replica."
 
 
-def _check_target(request: web.Request) -> None:
+def _check_target(flow: Flow) -> None:
     """`OPTIONS *` and `CONNECT host:port` name no path to forward (RFC 9112 section 3.2); a
     CONNECT of any form asks for a tunnel, which the sidecar does not open (aiohttp's client
     would write even `CONNECT /path` to vLLM in authority form, with the upstream's address)."""
+    request = flow.request
     if request.method == "CONNECT":
         raise InvalidRequest(
             "CONNECT asks for a tunnel; the sidecar opens none: it forwards HTTP requests to vLLM."
         )
-    if not origin_form(request).startswith("/"):
+    if not origin_form(flow).startswith("/"):
         raise InvalidRequest(
             f"The request target `{request.raw_path[:100]}` is not a path: the sidecar forwards "
             "origin-form (`/v1/...`) and absolute-form targets only."

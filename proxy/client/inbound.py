@@ -19,8 +19,9 @@ _BODY_METHODS = frozenset(("POST", "PUT", "PATCH"))
 HEAD_BYTES = 64 << 10
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
+async def read_body(flow: Flow, limit: int) -> bytes:
     """The whole request body; a declared or actual size over `limit` is refused unread."""
+    request = flow.request
     if request.content_length is not None and request.content_length > limit:
         raise BodyTooLarge(
             f"The request body of {request.content_length} bytes exceeds the limit of {limit} "
@@ -31,16 +32,16 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     except web.HTTPRequestEntityTooLarge:
         raise BodyTooLarge(_TOO_LARGE.format(limit)) from None
     except (web.RequestPayloadError, BadHttpMessage) as exc:
-        raise _unreadable(request, exc) from None
+        raise _unreadable(flow, exc) from None
 
 
-def _unreadable(request: web.Request, exc: Exception) -> InvalidRequest:
+def _unreadable(flow: Flow, exc: Exception) -> InvalidRequest:
     """What a body that could not be read is, to the client: every read of a body asks here.
     The parser's error is raised as is or as the cause (aiohttp's C parser wraps it). (From a
     `try`: a context manager on every request's path cost 1.5% of its instructions.)"""
     cause = exc.__cause__ if isinstance(exc, web.RequestPayloadError) else exc
     if isinstance(cause, ContentEncodingError):
-        encoding = request.headers.get("Content-Encoding", "")
+        encoding = flow.request.headers.get("Content-Encoding", "")
         return InvalidRequest(
             f"The request body is labelled `Content-Encoding: {encoding[:40]}` but does not"
             " inflate as that; send it as labelled, or uncompressed."
@@ -56,21 +57,21 @@ def _unreadable(request: web.Request, exc: Exception) -> InvalidRequest:
 _TOO_LARGE = "The request body exceeds the limit of {} bytes (--max-body-bytes)."
 
 
-async def read_counted(request: web.Request, limit: int) -> bytes:
+async def read_counted(flow: Flow, limit: int) -> bytes:
     """A body of unknown size (chunked; inflated as it is read): each part taken from the
     memory budget as it arrives, so that one past the budget or `limit` is refused while the
     rest is still on the wire, having cost no more than the budget. (Read whole first, six
     40 MiB gzip bodies took 470 MiB before the budget was asked.)"""
-    lease, parts, size = Lease(request.app[BUDGET]), [], 0
+    lease, parts, size = Lease(flow.app[BUDGET]), [], 0
     try:
-        async for part in request.content.iter_any():
+        async for part in flow.request.content.iter_any():
             size += len(part)
             if size > limit:
                 raise BodyTooLarge(_TOO_LARGE.format(limit))
             lease.take(len(part))
             parts.append(part)
     except (web.RequestPayloadError, BadHttpMessage) as exc:
-        raise _unreadable(request, exc) from None
+        raise _unreadable(flow, exc) from None
     return b"".join(parts)
 
 
@@ -80,7 +81,8 @@ def _fault(exc: BaseException) -> str:
     return str(text).partition("\n")[0].rstrip(":")[:200]
 
 
-def _wants_model(request: web.Request) -> bool:
+def _wants_model(flow: Flow) -> bool:
+    request = flow.request
     encoding = request.headers.get("Content-Encoding", "identity")
     return (
         request.method in _BODY_METHODS
@@ -112,7 +114,7 @@ async def read_request(flow: Flow) -> Body:
     would hold (it does not serve) is read whole too, into the budget.
     """
     request, limit = flow.request, flow.options.max_body_bytes
-    length, json_body = request.content_length, _wants_model(request)
+    length, json_body = request.content_length, _wants_model(flow)
     if inflated(request.headers):
         # aiohttp inflates it as it is read, so Content-Length (the compressed size) says
         # nothing of what arrives: it is read as a chunked body is, each part counted (a small
@@ -131,11 +133,11 @@ async def read_request(flow: Flow) -> Body:
             flow.body = await _held_whole(flow, streamed) if flow.engine.would_hold() else streamed
             return flow.body
     if length is None:  # chunked or inflated: its size is known only as it arrives
-        body = await read_counted(request, limit)
+        body = await read_counted(flow, limit)
     else:
         if not held and length <= limit:
             flow.app[BUDGET].hold(length)
-        body = await read_body(request, limit)  # a declared size over `limit` is refused unread
+        body = await read_body(flow, limit)  # a declared size over `limit` is refused unread
     field = await locate(scan_model(body)) if body and json_body else None
     flow.body = _outgoing(await resolved(flow, body, field))
     return flow.body
@@ -163,7 +165,7 @@ async def _held_whole(flow: Flow, body: Body) -> Body:
         async for part in body.rest.iter_any():
             parts.append(part)
     except (web.RequestPayloadError, BadHttpMessage) as exc:
-        raise _unreadable(flow.request, exc) from None
+        raise _unreadable(flow, exc) from None
     return _outgoing(b"".join(parts))
 
 

@@ -8,8 +8,6 @@ from proxy.core.body import MAX_SLICES, ModelField, Scan, replace_model, step
 from proxy.core.errors import InvalidRequest, ModelAmbiguous
 from proxy.core.modelkeys import TooComplex
 from proxy.core.resolution import ABSENT, AMBIGUOUS, UNRESOLVED, Resolution
-from proxy.observe.metrics import Metrics
-from proxy.observe.record import RequestRecord
 
 from .flow import Flow
 
@@ -46,7 +44,7 @@ async def resolved(flow: Flow, body: bytes, field: ModelField | None) -> bytes:
     if res.rule == UNRESOLVED:
         await discovery.refresh_on_miss()
         res = discovery.table.resolve(field.value)
-    _record(res, rec, metrics)
+    _record(flow, res)
     if res.rule == AMBIGUOUS:
         raise ModelAmbiguous(
             f"The model `{res.requested}` is ambiguous: it matches {' and '.join(res.candidates)}."
@@ -58,6 +56,7 @@ async def resolved(flow: Flow, body: bytes, field: ModelField | None) -> bytes:
     return body
 
 
-def _record(res: Resolution, rec: RequestRecord, metrics: Metrics) -> None:
+def _record(flow: Flow, res: Resolution) -> None:
+    rec = flow.rec
     rec.rule, rec.resolved = res.rule, res.served
-    metrics.resolutions.labels(res.rule, res.served or "").inc()
+    flow.metrics.resolutions.labels(res.rule, res.served or "").inc()

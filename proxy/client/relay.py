@@ -14,8 +14,6 @@ from proxy.core.headers import drop, response_headers
 from proxy.core.routes import rule
 from proxy.core.sse import ErrorWatcher, EventFramer, is_event_stream
 from proxy.core.upstream_body import no_choices
-from proxy.observe.metrics import Metrics
-from proxy.observe.record import RequestRecord
 from proxy.upstream.session import UPSTREAM_ERRORS, classify, read_capped
 
 from .drain import IN_FLIGHT
@@ -99,8 +97,8 @@ async def stream_reply(
     out = web.StreamResponse(status=resp.status, headers=headers)
     rec.status = resp.status
     engine = flow.engine
-    stream = _Stream(out, rec, metrics, ErrorWatcher() if sse else None)
-    if not await stream.start(request):
+    stream = _Stream(out, flow, ErrorWatcher() if sse else None)
+    if not await stream.start():
         return out
     tally = engine.streaming() if sse and resp.status == 200 else None  # hook
     try:
@@ -132,7 +130,7 @@ async def stream_reply(
 
 def _info(flow: Flow) -> ModelInfo | None:
     # Built only for a stream that fails: most never need it.
-    return model_info(flow.rec, flow.discovery.table, suggest=False)
+    return model_info(flow, suggest=False)
 
 
 _GRACE_OVER = "The sidecar shut down before the stream finished (--shutdown-grace ran out)."
@@ -141,14 +139,8 @@ _GRACE_OVER = "The sidecar shut down before the stream finished (--shutdown-grac
 class _Stream:
     """One relayed body: pumps chunks, watches SSE errors, notices a client that left."""
 
-    def __init__(
-        self,
-        out: web.StreamResponse,
-        rec: RequestRecord,
-        metrics: Metrics,
-        watcher: ErrorWatcher | None,
-    ) -> None:
-        self.out, self.rec, self.metrics, self.watcher = out, rec, metrics, watcher
+    def __init__(self, out: web.StreamResponse, flow: Flow, watcher: ErrorWatcher | None) -> None:
+        self.out, self.flow, self.watcher = out, flow, watcher
         self.last = b"\n\n"  # the last chunk relayed (SSE): did it end an event?
         self.events = EventFramer()  # SSE only: the event the upstream has not ended yet
         self.client_gone = False
@@ -173,7 +165,8 @@ class _Stream:
                 try:
                     chunk = await read()
                 except UPSTREAM_ERRORS as exc:
-                    where = f"while streaming {self.rec.method} {self.rec.path}"
+                    rec = self.flow.rec
+                    where = f"while streaming {rec.method} {rec.path}"
                     return classify(exc, where=where)
                 if not chunk:  # the upstream's end
                     if events.held:  # relayed as sent: an SSE client drops an unended event
@@ -199,9 +192,9 @@ class _Stream:
     # A ConnectionError from any write to the client (the headers, a chunk, the end) means the
     # client left: it is counted as a disconnect, never as the upstream's failure, and no
     # second response is attempted.
-    async def start(self, request: web.Request) -> bool:
+    async def start(self) -> bool:
         try:
-            await self.out.prepare(request)
+            await self.out.prepare(self.flow.request)
         except ConnectionError:
             return self._client_left()
         return True
@@ -220,7 +213,7 @@ class _Stream:
             self._client_left()
 
     def _client_left(self) -> bool:
-        self.rec.client_left(self.metrics)
+        self.flow.rec.client_left(self.flow.metrics)
         self.client_gone = True
         return False
 
@@ -228,7 +221,7 @@ class _Stream:
         """One SSE error event and [DONE]. The event the upstream left unended is not sent (the
         framer holds it); only one over 64 KiB may have gone out half, and is ended first."""
         sep = b"" if self.last.endswith(b"\n\n") else b"\n\n"
-        if await self.write(sep + sse_error(self.rec, failure, info)):
+        if await self.write(sep + sse_error(self.flow, failure, info)):
             await self.finish()
 
     @property
@@ -238,7 +231,8 @@ class _Stream:
     def count_errors(self) -> None:
         """Count the error events seen since the last call, before they reach the client."""
         assert self.watcher is not None
+        rec, metrics = self.flow.rec, self.flow.metrics
         for event in self.watcher.take():
             code = event["error"].get("code") if isinstance(event["error"], dict) else None
-            status = code if isinstance(code, int) and 100 <= code <= 599 else self.rec.status
-            self.rec.fail(self.metrics, "upstream", "upstream_stream_error", status)
+            status = code if isinstance(code, int) and 100 <= code <= 599 else rec.status
+            rec.fail(metrics, "upstream", "upstream_stream_error", status)

@@ -126,7 +126,7 @@ class Streamed:
         flow = self.flow
         flow.rec.fail_with(flow.metrics, failure)
         self._generated(None)
-        await self.client.write(b"\n\n" + sse_error(flow.rec, failure, None))
+        await self.client.write(b"\n\n" + sse_error(flow, failure, None))
         if not self.client.gone:
             with contextlib.suppress(ConnectionError):
                 await self.client.out.write_eof()
