@@ -24,7 +24,8 @@ from proxy.upstream.session import UPSTREAM, UPSTREAM_ERRORS, read_capped, targe
 from . import continuing
 from .budget import BUDGET
 from .failures import error_reply
-from .flow import FLOW, Body, Flow, Relay, StreamedBody
+from .flow import Body, Flow, Relay, StreamedBody
+from .hooks import ENGINE, HOOKS, NO_HOOKS
 from .peek import paused_rejection
 from .relay import (
     BUFFER_LIMIT,
@@ -45,12 +46,20 @@ def origin_form(flow: Flow) -> str:
     return raw if raw.startswith("/") else request.rel_url.raw_path_qs
 
 
+def head(flow: Flow) -> None:
+    """The engine's `head` hook: the flow's handle set on it and judged now (it may refuse the
+    request), and kept on the request for `prepared`. Not the flow itself: the flow holds the
+    request, and a cycle through it would leave every request to the cyclic collector."""
+    try:
+        flow.app[ENGINE].head(flow)
+    finally:
+        flow.request[HOOKS] = flow.engine
+
+
 def prepared(request: web.Request, response: web.StreamResponse) -> None:
     """The response-prepare signal (wiring/app.py): the engine's `prepared` hook, which stamps
     the answer's headers (a phase's, the weight version's)."""
-    flow = request.get(FLOW)
-    if flow is not None:
-        flow.engine.prepared(response)
+    request.get(HOOKS, NO_HOOKS).prepared(response)
 
 
 async def call_upstream(flow: Flow) -> web.StreamResponse:

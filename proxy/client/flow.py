@@ -60,15 +60,12 @@ class Flow:
         self.options: ClientOptions = app[OPTIONS]
         self.engine: FlowHooks = NO_HOOKS  # the engine's hooks, from the head on (hooks.py)
         self.body: Body = b""  # what goes upstream, once read (client/inbound.py)
-        request[FLOW] = self
 
     @property
     def client_gone(self) -> bool:
         transport = self.request.transport
         return transport is None or transport.is_closing()
 
-
-FLOW = web.RequestKey("flow", Flow)
 
 # What to do with vLLM's answer to one upstream call (the relay, a continuation's own).
 Relay = Callable[[Flow, aiohttp.ClientResponse, bytes], Awaitable[Any]]

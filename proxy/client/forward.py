@@ -14,7 +14,7 @@ from proxy.observe.record import CLIENT_CLOSED, RequestRecord
 from . import connections
 from .connections import CONNECTIONS
 from .drain import IN_FLIGHT
-from .exchange import call_upstream, origin_form
+from .exchange import call_upstream, head, origin_form
 from .failures import failure_response, unexpected
 from .flow import Flow
 from .hooks import ENGINE
@@ -87,7 +87,7 @@ async def _respond(flow: Flow) -> web.StreamResponse:
         if flow.app[IN_FLIGHT].draining:
             raise ShuttingDown(_REFUSED)
         _check_target(flow)
-        flow.app[ENGINE].head(flow)  # hook: the flow's engine handle, the token, a deadline
+        head(flow)  # hook: the flow's engine handle, the token, a deadline
         await read_request(flow)
         async with flow.engine.hold():  # a data request's hold; the phase a control call enters
             return await call_upstream(flow)

@@ -7,7 +7,7 @@ The hooks of one flow, in the order they fire, each from one place:
 
 | hook | fired from | when |
 | --- | --- | --- |
-| `Engine.head(flow)` | forward.py `_respond` | the head is in: sets `flow.engine` |
+| `Engine.head(flow)` | exchange.py `head` | the head is in: sets `flow.engine` |
 | `hold()` | forward.py `_respond` | the body is read: around the upstream call(s) |
 | `body(body)` | exchange.py `call_upstream` | within the hold: the body to send instead |
 | `answered(resp)` | exchange.py `_send` | vLLM's headers are in |
@@ -117,6 +117,8 @@ class Engine(Protocol):
 
 
 ENGINE = web.AppKey[Engine]("engine")
+# A flow's hooks, where the response-prepare signal finds them (client/exchange.py `prepared`).
+HOOKS = web.RequestKey[FlowHooks]("hooks")
 
 
 class NoHooks:
