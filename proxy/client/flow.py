@@ -13,6 +13,7 @@ from proxy.observe.metrics import METRICS, Metrics
 from proxy.observe.record import RequestRecord
 from proxy.upstream.discovery import DISCOVERY, Discovery
 
+from .drain import IN_FLIGHT, InFlight
 from .hooks import NO_HOOKS, FlowHooks
 from .options import OPTIONS, ClientOptions
 
@@ -48,7 +49,17 @@ class Flow:
     flow and nothing beside it (mitmproxy's `Flow` is the model); what the steps read of the
     app is read once, here."""
 
-    __slots__ = ("app", "body", "discovery", "engine", "metrics", "options", "rec", "request")
+    __slots__ = (
+        "app",
+        "body",
+        "discovery",
+        "engine",
+        "in_flight",
+        "metrics",
+        "options",
+        "rec",
+        "request",
+    )
 
     def __init__(
         self, request: web.Request, rec: RequestRecord, app: web.Application | None = None
@@ -58,6 +69,7 @@ class Flow:
         self.metrics: Metrics = app[METRICS]
         self.discovery: Discovery = app[DISCOVERY]
         self.options: ClientOptions = app[OPTIONS]
+        self.in_flight: InFlight = app[IN_FLIGHT]  # the handlers running, and the drain
         self.engine: FlowHooks = NO_HOOKS  # the engine's hooks, from the head on (hooks.py)
         self.body: Body = b""  # what goes upstream, once read (client/inbound.py)
 

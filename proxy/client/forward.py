@@ -13,7 +13,6 @@ from proxy.observe.record import CLIENT_CLOSED, RequestRecord
 
 from . import connections
 from .connections import CONNECTIONS
-from .drain import IN_FLIGHT
 from .exchange import call_upstream, head, origin_form
 from .failures import failure_response, unexpected
 from .flow import Flow
@@ -60,7 +59,7 @@ async def _handle(request: web.Request, app: web.Application) -> web.StreamRespo
     metrics = flow.metrics
     in_flight = metrics.in_flight.labels(rec.route)
     in_flight.inc()
-    handlers = app[IN_FLIGHT]
+    handlers = flow.in_flight
     task = handlers.add()
     try:
         return await _respond(flow)
@@ -84,7 +83,7 @@ async def _handle(request: web.Request, app: web.Application) -> web.StreamRespo
 async def _respond(flow: Flow) -> web.StreamResponse:
     """The upstream's answer, or the envelope for whatever stood in its way."""
     try:
-        if flow.app[IN_FLIGHT].draining:
+        if flow.in_flight.draining:
             raise ShuttingDown(_REFUSED)
         _check_target(flow)
         head(flow)  # hook: the flow's engine handle, the token, a deadline

@@ -16,7 +16,6 @@ from proxy.core.sse import ErrorWatcher, EventFramer, is_event_stream
 from proxy.core.upstream_body import no_choices
 from proxy.upstream.session import UPSTREAM_ERRORS, classify, read_capped
 
-from .drain import IN_FLIGHT
 from .failures import model_info, sse_error
 from .flow import Flow
 from .hooks import Counter
@@ -104,7 +103,7 @@ async def stream_reply(
     try:
         failure = await stream.pump(resp, first, tally)
     except asyncio.CancelledError:
-        if sse and flow.app[IN_FLIGHT].draining:
+        if sse and flow.in_flight.draining:
             await stream.end_with(ShuttingDown(_GRACE_OVER), _info(flow))
         raise
     finally:
