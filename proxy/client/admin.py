@@ -11,12 +11,12 @@ from proxy.core import envelope
 from proxy.core.control import authorized
 from proxy.core.errors import Unauthorized
 from proxy.core.headers import request_id
-from proxy.engine.lifecycle import LIFECYCLE
 from proxy.observe.metrics import METRICS
 from proxy.upstream.discovery import DISCOVERY
 
 from .connections import CONNECTIONS
 from .drain import DRAIN, IN_FLIGHT
+from .hooks import ENGINE
 from .options import OPTIONS
 
 PROXY = web.AppKey("proxy", web.Application)
@@ -44,7 +44,7 @@ async def drain(request: web.Request) -> web.Response:
     after vLLM has exited). Answers when nothing is in flight, or when the grace is over.
     It takes a pod out of service, so it is guarded (`_may_drain`)."""
     proxy = request.app[PROXY]
-    token = proxy[LIFECYCLE].token
+    token = proxy[ENGINE].token
     if not _may_drain(request, token):
         return _drain_refused(request, token_set=token is not None)
     workers = proxy.get(DRAIN)
@@ -105,7 +105,7 @@ def _drain_refused(request: web.Request, *, token_set: bool) -> web.Response:
 
 async def engine(request: web.Request) -> web.Response:
     """The engine's phase, since when, and its weight version (see docs/lifecycle.md)."""
-    return web.json_response(request.app[PROXY][LIFECYCLE].describe())
+    return web.json_response(request.app[PROXY][ENGINE].describe())
 
 
 def create_admin_app(proxy: web.Application) -> web.Application:

@@ -18,17 +18,14 @@ from proxy.core.continuation import PART_PATH, Plan
 from proxy.core.errors import UpstreamInvalidResponse, UpstreamTimeout
 from proxy.core.routes import rule
 from proxy.core.sse import is_event_stream
-from proxy.observe.metrics import METRICS
-from proxy.upstream.discovery import DISCOVERY
 from proxy.upstream.hop import HOP
 from proxy.upstream.session import UPSTREAM, UPSTREAM_ERRORS, read_capped, target
 
 from . import continuing
 from .budget import BUDGET
 from .failures import error_reply
-from .flow import Flow, Relay
-from .inbound import StreamedBody
-from .options import OPTIONS
+from .flow import Body, Flow, Relay, StreamedBody
+from .hooks import ENGINE, HOOKS, NO_HOOKS
 from .peek import paused_rejection
 from .relay import (
     BUFFER_LIMIT,
@@ -41,22 +38,40 @@ from .relay import (
 from .resend import ONCE, RESENT, Allowed, Rejected, Resends, not_sent_again
 
 
-def origin_form(request: web.Request) -> str:
+def origin_form(flow: Flow) -> str:
     """The raw path and query to forward; an absolute-form target (RFC 9112 section 3.2.2,
     `GET http://host/path`) keeps only those: the request still goes to the upstream."""
+    request = flow.request
     raw = request.raw_path
     return raw if raw.startswith("/") else request.rel_url.raw_path_qs
 
 
-async def call_upstream(flow: Flow, body: bytes | StreamedBody) -> web.StreamResponse:
-    request, rec = flow.request, flow.rec
+def head(flow: Flow) -> None:
+    """The engine's `head` hook: the flow's handle set on it and judged now (it may refuse the
+    request), and kept on the request for `prepared`. Not the flow itself: the flow holds the
+    request, and a cycle through it would leave every request to the cyclic collector."""
+    try:
+        flow.app[ENGINE].head(flow)
+    finally:
+        flow.request[HOOKS] = flow.engine
+
+
+def prepared(request: web.Request, response: web.StreamResponse) -> None:
+    """The response-prepare signal (wiring/app.py): the engine's `prepared` hook, which stamps
+    the answer's headers (a phase's, the weight version's)."""
+    request.get(HOOKS, NO_HOOKS).prepared(response)
+
+
+async def call_upstream(flow: Flow) -> web.StreamResponse:
+    """The flow's body (read: client/inbound.py) sent upstream, and the answer relayed."""
     headers = _upstream_headers(flow)
-    if isinstance(body, bytes) and (named := flow.engine.named(body)) is not None:
-        body = named
+    body = flow.body
+    if isinstance(body, bytes) and (named := flow.engine.body(body)) is not None:
+        flow.body = body = named
         headers["Content-Type"] = "application/json"
-    if rule(rec.route).own_health and request.method in ("GET", "HEAD"):
+    if rule(flow.rec.route).own_health and flow.request.method in ("GET", "HEAD"):
         return await _health(flow, headers)
-    if (plan := continuing.wanted(request, rec, body)) is not None:
+    if (plan := continuing.wanted(flow)) is not None:
         return await _continuing(flow, plan, headers)
     return await _exchange(flow, body, headers)
 
@@ -81,7 +96,7 @@ async def _continuing(flow: Flow, plan: Plan, headers: CIMultiDict[str]) -> web.
 
 async def _exchange(
     flow: Flow,
-    body: bytes | StreamedBody,
+    body: Body,
     headers: CIMultiDict[str],
     relay: Relay | None = None,
     path: str | None = None,
@@ -98,7 +113,7 @@ async def _exchange(
 
 async def _send(
     flow: Flow,
-    body: bytes | StreamedBody,
+    body: Body,
     headers: CIMultiDict[str],
     allowed: Allowed = ONCE,
     relay: Relay | None = None,
@@ -112,8 +127,8 @@ async def _send(
     try:
         async with app[HOP].request(
             request.method,
-            target(app[UPSTREAM], path or origin_form(request)),
-            data=_payload(request, body, headers),
+            target(app[UPSTREAM], path or origin_form(flow)),
+            data=_payload(request.method, body, headers),
             headers=headers,
             allow_redirects=False,
         ) as answer:
@@ -121,7 +136,7 @@ async def _send(
             # The lean hop's Answer has the surface of a ClientResponse that the relay reads.
             resp = cast(aiohttp.ClientResponse, answer)
             flow.metrics.ttfb.labels(rec.route).observe(time.perf_counter() - sent)
-            flow.engine.started(resp)  # engine lifecycle: a stream a phase may stall
+            flow.engine.answered(resp)  # hook: a stream a phase may stall
             first = b""
             if allowed.again:
                 first, rejected = await paused_rejection(resp)
@@ -135,9 +150,9 @@ async def _send(
         if flow.client_gone:
             # The client's side broke (its upload of a streamed body, say): the upstream is
             # not to blame, and nobody is left to answer.
-            rec.client_left(app[METRICS])
+            rec.client_left(flow.metrics)
             return web.Response()
-        resend = allowed.resend(exc, answered=answered, healthy=app[DISCOVERY].healthy)
+        resend = allowed.resend(exc, answered=answered, healthy=flow.discovery.healthy)
         if resend is not None:
             raise resend from exc
         raise not_sent_again(exc, answered=answered, where=f"for {rec.method} {rec.path}") from exc
@@ -176,7 +191,7 @@ def _upstream_headers(flow: Flow) -> CIMultiDict[str]:
     )
     if flow.engine.token_used:
         # The sidecar's own token is not vLLM's API key: vLLM gets what it needs, or nothing.
-        key = request.app[OPTIONS].upstream_api_key
+        key = flow.options.upstream_api_key
         if key:
             headers[hdrs.AUTHORIZATION] = f"Bearer {key}"
         else:
@@ -184,11 +199,11 @@ def _upstream_headers(flow: Flow) -> CIMultiDict[str]:
     return headers
 
 
-def _payload(request: web.Request, body: bytes | StreamedBody, headers: CIMultiDict[str]) -> object:
+def _payload(method: str, body: Body, headers: CIMultiDict[str]) -> object:
     if isinstance(body, StreamedBody):
         headers["Content-Length"] = str(body.length)  # a length, not chunked encoding, for vLLM
         return body.chunks()
-    return body if body or request.method in ("POST", "PUT", "PATCH") else None
+    return body if body or method in ("POST", "PUT", "PATCH") else None
 
 
 async def _relay(
@@ -196,14 +211,13 @@ async def _relay(
 ) -> web.StreamResponse:
     """The upstream's answer, relayed the way its kind needs."""
     app, rec = flow.app, flow.rec
-    metrics, discovery = flow.metrics, flow.discovery
     if resp.status == 101:  # the sidecar drops Upgrade (hop-by-hop): nobody asked to switch
         raise UpstreamInvalidResponse(
             f"The upstream answered 101 Switching Protocols for {rec.method} {rec.path}, which "
             "asked for no protocol switch."
         )
     if resp.status >= 400:
-        limit = app[OPTIONS].error_body_bytes
+        limit = flow.options.error_body_bytes
         raw, truncated = (
             (first[:limit], len(first) > limit) if first else await read_capped(resp, limit)
         )
@@ -211,13 +225,13 @@ async def _relay(
             # vLLM no longer serves the name we resolved to (restarted under another name,
             # adapter unloaded): re-read the list now rather than at the next scheduled
             # discovery, before the envelope suggests names from it.
-            await discovery.refresh_on_miss()
-        return error_reply(rec, resp, raw, truncated, metrics, discovery.table)
+            await flow.discovery.refresh_on_miss()
+        return error_reply(flow, resp, raw, truncated)
     length = resp.content_length
     sse = is_event_stream(resp.headers.get("Content-Type"))
     # Read whole only within the memory budget; past it the answer streams, with backpressure.
     if not sse and length is not None and length <= BUFFER_LIMIT and app[BUDGET].try_hold(length):
-        return await buffered_reply(rec, resp, first or None)
+        return await buffered_reply(flow, resp, first or None)
     if unframed_json(resp) or chunked_json_read(resp):
-        return await checked_json_reply(rec, resp)
+        return await checked_json_reply(flow, resp)
     return await stream_reply(flow, resp, first)

@@ -12,18 +12,18 @@ from proxy.core import envelope, upstream_body
 from proxy.core.envelope import Envelope, ModelInfo
 from proxy.core.errors import InternalError, SidecarFailure
 from proxy.core.headers import SIDECAR_ERROR, drop, response_headers
-from proxy.core.resolution import ModelTable
 from proxy.observe.logs import text_field
-from proxy.observe.metrics import Metrics
-from proxy.observe.record import RequestRecord
+
+from .flow import Flow
 
 log = logging.getLogger(__name__)
 
 _ENTITY = ("Content-Length", "Content-Type", "Content-Encoding")
 
 
-def model_info(rec: RequestRecord, table: ModelTable, *, suggest: bool) -> ModelInfo | None:
+def model_info(flow: Flow, *, suggest: bool) -> ModelInfo | None:
     """The envelope's `model` block; suggestions only for names that matched nothing."""
+    rec, table = flow.rec, flow.discovery.table
     if rec.requested is None:
         return None
     suggestions = table.suggestions(rec.requested) if suggest and rec.resolved is None else ()
@@ -31,8 +31,9 @@ def model_info(rec: RequestRecord, table: ModelTable, *, suggest: bool) -> Model
 
 
 def envelope_response(
-    rec: RequestRecord, status: int, env: Envelope, headers: CIMultiDict[str] | None = None
+    flow: Flow, status: int, env: Envelope, headers: CIMultiDict[str] | None = None
 ) -> web.Response:
+    rec = flow.rec
     out = headers if headers is not None else CIMultiDict()
     drop(out, _ENTITY)
     out[SIDECAR_ERROR] = env["error"]["reason"]
@@ -43,32 +44,28 @@ def envelope_response(
     )
 
 
-def failure_response(
-    rec: RequestRecord, failure: SidecarFailure, metrics: Metrics, table: ModelTable
-) -> web.Response:
+def failure_response(flow: Flow, failure: SidecarFailure) -> web.Response:
     """A failure the sidecar detected before any byte of the answer went out."""
-    rec.fail_with(metrics, failure)
-    info = model_info(rec, table, suggest=False)
+    rec = flow.rec
+    rec.fail_with(flow.metrics, failure)
+    info = model_info(flow, suggest=False)
     env = envelope.from_failure(failure, request_id=rec.request_id, model=info)
-    return envelope_response(rec, failure.status, env)
+    return envelope_response(flow, failure.status, env)
 
 
-def sse_error(rec: RequestRecord, failure: SidecarFailure, info: ModelInfo | None) -> bytes:
+def sse_error(flow: Flow, failure: SidecarFailure, info: ModelInfo | None) -> bytes:
     """A failure after a 200 stream began: one SSE error event and [DONE], as vLLM does."""
-    return envelope.sse_event(envelope.from_failure(failure, request_id=rec.request_id, model=info))
+    rid = flow.rec.request_id
+    return envelope.sse_event(envelope.from_failure(failure, request_id=rid, model=info))
 
 
 def error_reply(
-    rec: RequestRecord,
-    resp: aiohttp.ClientResponse,
-    raw: bytes,
-    truncated: bool,
-    metrics: Metrics,
-    table: ModelTable,
+    flow: Flow, resp: aiohttp.ClientResponse, raw: bytes, truncated: bool
 ) -> web.Response:
     """An upstream 4xx/5xx: its status kept, its body (`raw`, read up to the error body limit;
     `truncated` if there was more) parsed and attached to the envelope. No I/O: the caller has
     read the body, and refreshed the model table where a 404 calls for it."""
+    rec = flow.rec
     content_type = resp.headers.get("Content-Type")
     reply = envelope.UpstreamReply(
         status=resp.status,
@@ -83,22 +80,17 @@ def error_reply(
         ),
         body_truncated=truncated,
     )
-    info = model_info(rec, table, suggest=resp.status == 404)
+    info = model_info(flow, suggest=resp.status == 404)
     env = envelope.from_upstream_status(reply, request_id=rec.request_id, model=info)
-    rec.fail(metrics, "upstream", "upstream_status", resp.status)
+    rec.fail(flow.metrics, "upstream", "upstream_status", resp.status)
     headers = response_headers(resp.headers, rid=rec.request_id)
-    return envelope_response(rec, resp.status, env, headers)
+    return envelope_response(flow, resp.status, env, headers)
 
 
-def unexpected(
-    request: web.Request,
-    rec: RequestRecord,
-    exc: Exception,
-    metrics: Metrics,
-    table: ModelTable,
-) -> web.StreamResponse:
+def unexpected(flow: Flow, exc: Exception) -> web.StreamResponse:
     """The last line: log `exc` with its traceback and answer an `internal_error` envelope, not
     aiohttp's plain-text 500; once the answer's headers are out, cut its framing instead."""
+    request, rec = flow.request, flow.rec
     log.error(
         "internal error on %s %s request_id=%s",
         text_field(rec.method),
@@ -111,10 +103,10 @@ def unexpected(
         "its log has the details under this request id."
     )
     if request.writer.output_size == 0:
-        return failure_response(rec, failure, metrics, table)
+        return failure_response(flow, failure)
     # The status is sent: an incomplete body makes every HTTP client raise, as for an upstream
     # that breaks mid-body. The response returned is never written (the transport is closed).
-    rec.fail_with(metrics, failure)
+    rec.fail_with(flow.metrics, failure)
     if request.transport is not None:
         request.transport.close()
     return web.Response()

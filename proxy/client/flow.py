@@ -1,38 +1,77 @@
-"""One request's flow: what every step of its exchange reads, carried as one object."""
+"""One request's flow: the exchange itself, carried as one object from the head to the last byte."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from aiohttp import web
+from aiohttp import StreamReader, web
 
-from proxy.engine.gate import EngineHandle
 from proxy.observe.metrics import METRICS, Metrics
 from proxy.observe.record import RequestRecord
 from proxy.upstream.discovery import DISCOVERY, Discovery
 
+from .drain import IN_FLIGHT, InFlight
+from .hooks import NO_HOOKS, FlowHooks
+from .options import OPTIONS, ClientOptions
+
+STREAM_FROM = 1 << 20  # bodies larger than this are streamed through once their head is read
+
+
+@dataclass(slots=True)
+class StreamedBody:
+    """A large body on its way: its (rewritten) head now, the rest as the client sends it."""
+
+    head: bytes
+    rest: StreamReader | None
+    length: int
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        # In slices, so that the socket's backpressure applies to a large held body too: given
+        # whole, its unsent rest would be copied into the transport's buffer at once.
+        view = memoryview(self.head)
+        for start in range(0, len(view), STREAM_FROM):
+            yield view[start : start + STREAM_FROM]  # type: ignore[misc]
+        if self.rest is not None:
+            async for chunk in self.rest.iter_any():
+                yield chunk
+
+
+Body = bytes | StreamedBody
+
 
 class Flow:
-    """The client's request, its record (what the access log and the metrics say of it) and its
-    handle on the engine lifecycle (engine/gate.py), from the head to the last byte relayed:
-    one argument where each step took three to seven (mitmproxy's `Flow` is the model). What
-    the steps read of the app is read once, here."""
+    """One exchange: the client's request, its record (what the access log and the metrics say
+    of it, its model's resolution included), the body to forward, and the engine's handle on it
+    (hooks.py), from the head to the last byte relayed. Every step of client/ takes the
+    flow and nothing beside it (mitmproxy's `Flow` is the model); what the steps read of the
+    app is read once, here."""
 
-    __slots__ = ("app", "discovery", "engine", "metrics", "rec", "request")
+    __slots__ = (
+        "app",
+        "body",
+        "discovery",
+        "engine",
+        "in_flight",
+        "metrics",
+        "options",
+        "rec",
+        "request",
+    )
 
     def __init__(
-        self,
-        request: web.Request,
-        rec: RequestRecord,
-        engine: EngineHandle,
-        app: web.Application | None = None,
+        self, request: web.Request, rec: RequestRecord, app: web.Application | None = None
     ) -> None:
-        self.request, self.rec, self.engine = request, rec, engine
+        self.request, self.rec = request, rec
         self.app = app = request.app if app is None else app
         self.metrics: Metrics = app[METRICS]
         self.discovery: Discovery = app[DISCOVERY]
+        self.options: ClientOptions = app[OPTIONS]
+        self.in_flight: InFlight = app[IN_FLIGHT]  # the handlers running, and the drain
+        self.engine: FlowHooks = NO_HOOKS  # the engine's hooks, from the head on (hooks.py)
+        self.body: Body = b""  # what goes upstream, once read (client/inbound.py)
 
     @property
     def client_gone(self) -> bool:

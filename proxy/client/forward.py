@@ -9,18 +9,15 @@ from aiohttp.http import HttpVersion11
 
 from proxy.core import headers as hdrs
 from proxy.core.errors import InvalidRequest, ShuttingDown, SidecarFailure
-from proxy.engine.gate import admissible, admit
-from proxy.observe.metrics import METRICS
 from proxy.observe.record import CLIENT_CLOSED, RequestRecord
 from proxy.observe.tracing import RECORD
-from proxy.upstream.discovery import DISCOVERY
 
 from . import connections
 from .connections import CONNECTIONS
-from .drain import IN_FLIGHT
-from .exchange import call_upstream, origin_form
+from .exchange import call_upstream, head, origin_form
 from .failures import failure_response, unexpected
 from .flow import Flow
+from .hooks import ENGINE
 from .inbound import read_request
 from .options import OPTIONS
 
@@ -57,24 +54,24 @@ def _ends_at_close(request: web.Request, response: web.StreamResponse) -> bool:
 
 async def _handle(request: web.Request, app: web.Application) -> web.StreamResponse:
     """The request's record, its in-flight count, and its end."""
-    metrics = app[METRICS]
     rec = RequestRecord(request.method, request.path, hdrs.request_id(request.headers))
     rec.client_request_id = hdrs.refused_request_id(request.headers, rec.request_id)
+    flow = Flow(request, rec, app)  # the exchange: every step below takes it
+    metrics = flow.metrics
     if metrics.traced:  # the server span (client/traced.py) reads it at the end
         request[RECORD] = rec
     in_flight = metrics.in_flight.labels(rec.route)
     in_flight.inc()
-    handlers = app[IN_FLIGHT]
+    handlers = flow.in_flight
     task = handlers.add()
     try:
-        return await _respond(request, rec, app)
+        return await _respond(flow)
     except asyncio.CancelledError:
         # The shutdown grace period ran out (the drain cut it), or the client hung up.
         if handlers.cut(task):
             if rec.status == 0 and task is not None:
                 task.uncancel()  # nothing sent yet: the client still gets its envelope
-                table = app[DISCOVERY].table
-                return failure_response(rec, ShuttingDown(_CUT), metrics, table)
+                return failure_response(flow, ShuttingDown(_CUT))
             rec.fail_with(metrics, ShuttingDown("the sidecar shut down"))
         else:
             rec.disconnected(metrics)
@@ -86,47 +83,36 @@ async def _handle(request: web.Request, app: web.Application) -> web.StreamRespo
         rec.finish(metrics)
 
 
-async def _respond(
-    request: web.Request, rec: RequestRecord, app: web.Application
-) -> web.StreamResponse:
+async def _respond(flow: Flow) -> web.StreamResponse:
     """The upstream's answer, or the envelope for whatever stood in its way."""
-    metrics, discovery = app[METRICS], app[DISCOVERY]
     try:
-        if app[IN_FLIGHT].draining:
+        if flow.in_flight.draining:
             raise ShuttingDown(_REFUSED)
-        _check_target(request)
-        options = app[OPTIONS]
-        flow = Flow(request, rec, admit(request, rec), app)  # the engine: the token, a deadline
-        body = await read_request(
-            request,
-            rec,
-            discovery,
-            metrics,
-            options.max_body_bytes,
-            bounded_pool=options.max_connections > 0,
-            engine=flow.engine,
-        )
+        _check_target(flow)
+        head(flow)  # hook: the flow's engine handle, the token, a deadline
+        await read_request(flow)
         async with flow.engine.hold():  # a data request's hold; the phase a control call enters
-            return await call_upstream(flow, body)
+            return await call_upstream(flow)
     except SidecarFailure as failure:
-        return failure_response(rec, failure, metrics, discovery.table)
+        return failure_response(flow, failure)
     except Exception as exc:
-        return unexpected(request, rec, exc, metrics, discovery.table)
+        return unexpected(flow, exc)
 
 
 _CUT = "The sidecar shut down before the upstream answered (--shutdown-grace ran out); retry."
 _REFUSED = "The sidecar is shutting down and takes no new requests; retry on another replica."
 
 
-def _check_target(request: web.Request) -> None:
+def _check_target(flow: Flow) -> None:
     """`OPTIONS *` and `CONNECT host:port` name no path to forward (RFC 9112 section 3.2); a
     CONNECT of any form asks for a tunnel, which the sidecar does not open (aiohttp's client
     would write even `CONNECT /path` to vLLM in authority form, with the upstream's address)."""
+    request = flow.request
     if request.method == "CONNECT":
         raise InvalidRequest(
             "CONNECT asks for a tunnel; the sidecar opens none: it forwards HTTP requests to vLLM."
         )
-    if not origin_form(request).startswith("/"):
+    if not origin_form(flow).startswith("/"):
         raise InvalidRequest(
             f"The request target `{request.raw_path[:100]}` is not a path: the sidecar forwards "
             "origin-form (`/v1/...`) and absolute-form targets only."
@@ -146,7 +132,7 @@ async def expect(request: web.Request) -> None:
         return
     limit = request.app[OPTIONS].max_body_bytes
     too_large = request.content_length is not None and request.content_length > limit
-    if too_large or not admissible(request):
+    if too_large or not request.app[ENGINE].admissible(request):
         return
     assert request.writer is not None
     await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")

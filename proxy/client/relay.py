@@ -14,15 +14,11 @@ from proxy.core.headers import drop, response_headers
 from proxy.core.routes import rule
 from proxy.core.sse import ErrorWatcher, EventFramer, is_event_stream
 from proxy.core.upstream_body import no_choices
-from proxy.engine.tally import Tally
-from proxy.observe.metrics import Metrics
-from proxy.observe.record import RequestRecord
-from proxy.upstream.discovery import Discovery
 from proxy.upstream.session import UPSTREAM_ERRORS, classify, read_capped
 
-from .drain import IN_FLIGHT
 from .failures import model_info, sse_error
 from .flow import Flow
+from .hooks import Counter
 
 # Non-streamed bodies up to this size are read whole before answering, so that an upstream that
 # drops mid-body still gets the client a proper 502 envelope instead of a cut body.
@@ -30,8 +26,9 @@ BUFFER_LIMIT = 16 * 1024 * 1024
 
 
 async def buffered_reply(
-    rec: RequestRecord, resp: aiohttp.ClientResponse, body: bytes | None = None
+    flow: Flow, resp: aiohttp.ClientResponse, body: bytes | None = None
 ) -> web.Response:
+    rec = flow.rec
     body = await resp.read() if body is None else body
     if resp.status == 200 and rule(rec.route).choices and no_choices(body):
         raise UpstreamInvalidResponse(
@@ -67,10 +64,10 @@ def chunked_json_read(resp: aiohttp.ClientResponse) -> bool:
     )
 
 
-async def checked_json_reply(rec: RequestRecord, resp: aiohttp.ClientResponse) -> web.Response:
+async def checked_json_reply(flow: Flow, resp: aiohttp.ClientResponse) -> web.Response:
     """An unframed JSON body, read whole and relayed only when it parses: a cut one is a 502."""
     body, over = await read_capped(resp, BUFFER_LIMIT)
-    where = f"for {rec.method} {rec.path}"
+    where = f"for {flow.rec.method} {flow.rec.path}"
     if over:
         raise UpstreamInvalidResponse(
             f"The upstream sent a JSON body over {BUFFER_LIMIT} bytes without Content-Length "
@@ -83,7 +80,7 @@ async def checked_json_reply(rec: RequestRecord, resp: aiohttp.ClientResponse) -
             f"The upstream's JSON body {where} ended before it was complete (no Content-Length;"
             f" the connection closed after {len(body)} bytes): {exc}"
         ) from None
-    return await buffered_reply(rec, resp, body)
+    return await buffered_reply(flow, resp, body)
 
 
 async def stream_reply(
@@ -99,22 +96,20 @@ async def stream_reply(
     out = web.StreamResponse(status=resp.status, headers=headers)
     rec.status = resp.status
     engine = flow.engine
-    stream = _Stream(out, rec, metrics, ErrorWatcher() if sse else None)
-    if not await stream.start(request):
+    stream = _Stream(out, flow, ErrorWatcher() if sse else None)
+    if not await stream.start():
         return out
-    tally = engine.tally() if sse and resp.status == 200 else None
+    tally = engine.streaming() if sse and resp.status == 200 else None  # hook
     try:
         failure = await stream.pump(resp, first, tally)
     except asyncio.CancelledError:
-        if sse and request.app[IN_FLIGHT].draining:
-            await stream.end_with(ShuttingDown(_GRACE_OVER), _info(rec, flow.discovery))
+        if sse and flow.in_flight.draining:
+            await stream.end_with(ShuttingDown(_GRACE_OVER), _info(flow))
         raise
     finally:
         # Engine lifecycle and off-policy counts, however the stream ended: what vLLM made.
-        if stream.aborted:
-            engine.aborted()
-        if tally is not None and stream.watcher is not None:
-            engine.generated(tally.counts(stream.watcher))
+        counts = tally.counts(stream.watcher) if tally and stream.watcher else None
+        tail = engine.ended(stream.aborted, counts) if sse else b""  # hook
     if failure is not None:
         rec.fail_with(metrics, failure)
         if not sse:
@@ -122,19 +117,19 @@ async def stream_reply(
             if request.transport is not None:
                 request.transport.close()
             return out
-        await stream.end_with(failure, _info(rec, flow.discovery))
+        await stream.end_with(failure, _info(flow))
         return out  # ended: an error event and [DONE], nothing after them
     if stream.client_gone:
         return out
-    if sse and (tail := flow.engine.tail()):
+    if tail:
         await stream.write(tail)  # engine lifecycle: the weight version changed mid-stream
     await stream.finish()
     return out
 
 
-def _info(rec: RequestRecord, discovery: Discovery) -> ModelInfo | None:
+def _info(flow: Flow) -> ModelInfo | None:
     # Built only for a stream that fails: most never need it.
-    return model_info(rec, discovery.table, suggest=False)
+    return model_info(flow, suggest=False)
 
 
 _GRACE_OVER = "The sidecar shut down before the stream finished (--shutdown-grace ran out)."
@@ -143,20 +138,14 @@ _GRACE_OVER = "The sidecar shut down before the stream finished (--shutdown-grac
 class _Stream:
     """One relayed body: pumps chunks, watches SSE errors, notices a client that left."""
 
-    def __init__(
-        self,
-        out: web.StreamResponse,
-        rec: RequestRecord,
-        metrics: Metrics,
-        watcher: ErrorWatcher | None,
-    ) -> None:
-        self.out, self.rec, self.metrics, self.watcher = out, rec, metrics, watcher
+    def __init__(self, out: web.StreamResponse, flow: Flow, watcher: ErrorWatcher | None) -> None:
+        self.out, self.flow, self.watcher = out, flow, watcher
         self.last = b"\n\n"  # the last chunk relayed (SSE): did it end an event?
         self.events = EventFramer()  # SSE only: the event the upstream has not ended yet
         self.client_gone = False
 
     async def pump(
-        self, resp: aiohttp.ClientResponse, first: bytes, tally: Tally | None
+        self, resp: aiohttp.ClientResponse, first: bytes, tally: Counter | None
     ) -> SidecarFailure | None:
         """Relay `first`, then until the upstream ends (None), fails (the failure) or the client
         leaves; `tally` counts a generation's tokens as they pass.
@@ -175,7 +164,8 @@ class _Stream:
                 try:
                     chunk = await read()
                 except UPSTREAM_ERRORS as exc:
-                    where = f"while streaming {self.rec.method} {self.rec.path}"
+                    rec = self.flow.rec
+                    where = f"while streaming {rec.method} {rec.path}"
                     return classify(exc, where=where)
                 if not chunk:  # the upstream's end
                     if events.held:  # relayed as sent: an SSE client drops an unended event
@@ -201,9 +191,9 @@ class _Stream:
     # A ConnectionError from any write to the client (the headers, a chunk, the end) means the
     # client left: it is counted as a disconnect, never as the upstream's failure, and no
     # second response is attempted.
-    async def start(self, request: web.Request) -> bool:
+    async def start(self) -> bool:
         try:
-            await self.out.prepare(request)
+            await self.out.prepare(self.flow.request)
         except ConnectionError:
             return self._client_left()
         return True
@@ -222,7 +212,7 @@ class _Stream:
             self._client_left()
 
     def _client_left(self) -> bool:
-        self.rec.client_left(self.metrics)
+        self.flow.rec.client_left(self.flow.metrics)
         self.client_gone = True
         return False
 
@@ -230,7 +220,7 @@ class _Stream:
         """One SSE error event and [DONE]. The event the upstream left unended is not sent (the
         framer holds it); only one over 64 KiB may have gone out half, and is ended first."""
         sep = b"" if self.last.endswith(b"\n\n") else b"\n\n"
-        if await self.write(sep + sse_error(self.rec, failure, info)):
+        if await self.write(sep + sse_error(self.flow, failure, info)):
             await self.finish()
 
     @property
@@ -240,7 +230,8 @@ class _Stream:
     def count_errors(self) -> None:
         """Count the error events seen since the last call, before they reach the client."""
         assert self.watcher is not None
+        rec, metrics = self.flow.rec, self.flow.metrics
         for event in self.watcher.take():
             code = event["error"].get("code") if isinstance(event["error"], dict) else None
-            status = code if isinstance(code, int) and 100 <= code <= 599 else self.rec.status
-            self.rec.fail(self.metrics, "upstream", "upstream_stream_error", status)
+            status = code if isinstance(code, int) and 100 <= code <= 599 else rec.status
+            rec.fail(metrics, "upstream", "upstream_stream_error", status)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -20,8 +20,8 @@ from proxy.core.sse import is_event_stream
 from proxy.observe.record import RequestRecord
 
 from .holds import HOLD_TIMEOUT, asked_deadline
-from .lifecycle import LIFECYCLE, Lifecycle
-from .tally import Counts, Tally, answered, of_body
+from .lifecycle import Lifecycle
+from .tally import Counts, Tally, answered, joined, of_body
 
 WEIGHT_VERSION = "X-Weight-Version"
 # The version at the end, when it differs from the one the answer started with.
@@ -57,69 +57,58 @@ class EngineHandle:
         """Seconds left of a hold deadline the client asked for; None: it asked for none."""
         return None
 
-    def named(self, body: bytes) -> bytes | None:
+    # -- the hooks (client/hooks.py), in the order they fire --------------------------------
+
+    def body(self, body: bytes) -> bytes | None:
         """The body to send instead, when the sidecar names what the caller left unnamed."""
         return None
 
-    def started(self, resp: Any) -> None:
+    def answered(self, resp: Any) -> None:
         """vLLM answered (headers in)."""
 
-    def stamp(self, response: web.StreamResponse) -> None:
+    def prepared(self, response: web.StreamResponse) -> None:
         """At the response's prepare: the headers a phase or the weight version adds."""
 
-    def aborted(self) -> None:
-        """vLLM ended the stream with `finish_reason: "abort"`."""
-
-    def tail(self) -> bytes:
-        """What to append to an SSE stream that ended as vLLM sent it."""
-        return b""
-
-    def tally(self) -> Tally | None:
+    def streaming(self) -> Tally | None:
         """What counts a relayed stream's generated tokens as it passes (None: not counted)."""
         return None
 
-    def generated(self, counts: Counts | None) -> None:
-        """The answer's generated tokens, counted by lag (a body's are counted at `stamp`)."""
+    def ended(self, aborted: bool, counts: Counts | None) -> bytes:
+        """A relayed SSE stream ended, however it did: `aborted` (vLLM's `finish_reason:
+        "abort"`), its generated tokens counted by lag; what to append to it, when it ended
+        as vLLM sent it."""
+        return b""
+
+    def continued(self, choices: Iterable[tuple[int, list[Any], int]], usage: object) -> None:
+        """A continued answer's tokens, each choice joined from its parts (client/continuing/)."""
 
 
 NOTHING = EngineHandle()
-ENGINE = web.RequestKey("engine", EngineHandle)
 
 
-def admit(request: web.Request, rec: RequestRecord) -> EngineHandle:
-    """The request's handle, judged at its head: a control-plane call's token is checked now
-    (its phase is entered only once its body is complete and it goes upstream); a data-plane
-    request is held, later, while the engine does not serve (a bad body gets its 400 first)."""
+def admit(lifecycle: Lifecycle, request: web.Request, rec: RequestRecord) -> EngineHandle:
+    """The request's handle, judged at its head: a control-plane call's token is checked next
+    (addon.py; its phase is entered only once its body is complete and it goes upstream); a
+    data-plane request is held, later, while the engine does not serve (a bad body gets its
+    400 first)."""
     kind = plane(request.method, request.path)
     if kind is None:
         return NOTHING
-    lifecycle = request.app[LIFECYCLE]
-    handle: EngineHandle
     if kind == CONTROL:
-        handle = request[ENGINE] = Control(lifecycle, rec, request)
-        handle.authorize(request.headers.get("Authorization"))
-    else:
-        handle = request[ENGINE] = Data(
-            lifecycle, rec, asked_deadline(request.headers.get(HOLD_TIMEOUT))
-        )
-    return handle
+        return Control(lifecycle, rec, request)
+    return Data(lifecycle, rec, asked_deadline(request.headers.get(HOLD_TIMEOUT)))
 
 
-def admissible(request: web.Request) -> bool:
+def admissible(lifecycle: Lifecycle, request: web.Request) -> bool:
     """Whether the lifecycle would take the request at its head: a control call needs the
     token (asked before its body is invited)."""
     if plane(request.method, request.path) != CONTROL:
         return True
     try:
-        request.app[LIFECYCLE].authorize(request.headers.get("Authorization"))
+        lifecycle.authorize(request.headers.get("Authorization"))
     except Unauthorized:
         return False
     return True
-
-
-def stamp(request: web.Request, response: web.StreamResponse) -> None:
-    """The response-prepare hook: the request's handle stamps its answer."""
-    request.get(ENGINE, NOTHING).stamp(response)
 
 
 class Control(EngineHandle):
@@ -144,7 +133,7 @@ class Control(EngineHandle):
         request = self.request
         return self.lifecycle.control_call(normalized(request.path), self.rec, request.query_string)
 
-    def named(self, body: bytes) -> bytes | None:
+    def body(self, body: bytes) -> bytes | None:
         """A /finish_weight_update that names no `weight_version` (SkyRL 0.4 names none): the
         body that names the next one (`default` -> `default+1` -> `default+2`), so that vLLM's
         own version, its per-token spans and every answer's X-Weight-Version tell the updates
@@ -161,7 +150,7 @@ class Control(EngineHandle):
         self.name = payload["weight_version"] = next_version(current)
         return orjson.dumps(payload)
 
-    def stamp(self, response: web.StreamResponse) -> None:
+    def prepared(self, response: web.StreamResponse) -> None:
         if self.unauthorized:
             response.headers["WWW-Authenticate"] = 'Bearer realm="vllm-sidecar control plane"'
         if self.name is not None and response.status < 300:  # an update finished with it
@@ -203,14 +192,14 @@ class Data(EngineHandle):
             raise
         self.version = lifecycle.version
 
-    def started(self, resp: Any) -> None:
+    def answered(self, resp: Any) -> None:
         """With a pod-wide hold deadline, a stream is watched for a phase stalling it (see
         stalls.py); without one, a frozen stream stays open as with vLLM alone."""
         lifecycle = self.lifecycle
         if lifecycle.hold_timeout is not None and is_event_stream(resp.headers.get("Content-Type")):
             lifecycle.stalls.add(self, self.rec.route, resp)
 
-    def stamp(self, response: web.StreamResponse) -> None:
+    def prepared(self, response: web.StreamResponse) -> None:
         headers, lifecycle = response.headers, self.lifecycle
         if self.retry_after is not None:
             headers["Retry-After"] = str(self.retry_after)  # RFC 9110 section 10.2.3
@@ -227,7 +216,7 @@ class Data(EngineHandle):
         if lifecycle.phase != SERVING and _ABORT in body:
             lifecycle.count_abort(self.rec.route)
 
-    def tally(self) -> Tally | None:
+    def streaming(self) -> Tally | None:
         route = self.rec.route
         return Tally(chat=route == _CHAT) if rule(route).choices else None
 
@@ -236,13 +225,18 @@ class Data(EngineHandle):
             self.counted = True
             answered(self.lifecycle, self.rec.route, counts, self.version)
 
-    def aborted(self) -> None:
-        """Counted outside serving; called however the stream ended, also when the client
+    def ended(self, aborted: bool, counts: Counts | None) -> bytes:
+        """An abort is counted outside serving, however the stream ended, also when the client
         left right after vLLM's `[DONE]`."""
-        if self.lifecycle.phase != SERVING:
+        if aborted and self.lifecycle.phase != SERVING:
             self.lifecycle.count_abort(self.rec.route)
+        self.generated(counts)
+        return self._tail()
 
-    def tail(self) -> bytes:
+    def continued(self, choices: Iterable[tuple[int, list[Any], int]], usage: object) -> None:
+        self.generated(joined(choices, usage))
+
+    def _tail(self) -> bytes:
         """When the weight version changed while the stream ran (a `keep` pause around a weight
         update), a named event after vLLM's `[DONE]`. SSE clients that listen for
         `weight_version` read it; the openai SDK stops at `[DONE]` and never sees it."""

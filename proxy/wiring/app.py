@@ -13,13 +13,15 @@ from proxy.client import connections
 from proxy.client.budget import BUDGET, Budget
 from proxy.client.connections import CONNECTIONS
 from proxy.client.drain import IN_FLIGHT, InFlight
+from proxy.client.exchange import prepared
 from proxy.client.forward import expect, handle
 from proxy.client.guard import Limits
+from proxy.client.hooks import ENGINE, Engine
 from proxy.client.options import OPTIONS
 from proxy.client.redirects import redirect_here
 from proxy.config.settings import SETTINGS, Settings
 from proxy.core.phase import SERVING
-from proxy.engine.gate import stamp
+from proxy.engine.addon import EngineAddon
 from proxy.engine.lifecycle import LIFECYCLE, Lifecycle
 from proxy.observe.metrics import METRICS, Metrics
 from proxy.upstream.checks import checked_discovery
@@ -57,7 +59,7 @@ async def _every_target(request: web.Request, handler: Handler) -> web.StreamRes
 
 async def _prepared(request: web.Request, response: web.StreamResponse) -> None:
     # One signal receiver, the two steps plain calls: each receiver is a coroutine per answer.
-    stamp(request, response)
+    prepared(request, response)
     redirect_here(request, response)
 
 
@@ -104,6 +106,8 @@ def create_app(
         token=settings.control_secret(),
         long_after=settings.phase_long_after,
     )
+    addon: Engine = EngineAddon(engine)  # the engine's hooks on every flow (client/hooks.py)
+    app[ENGINE] = addon
     app[DISCOVERY].patient = lambda: engine.phase != SERVING or engine.state.calls > 0
     app.on_response_prepare.append(_prepared)
     app.cleanup_ctx.append(_upstream_ctx)

@@ -29,10 +29,8 @@ from proxy.core import continuation as cont
 from proxy.core.continuation import Plan
 from proxy.core.routes import rule
 from proxy.core.sse import is_event_stream
-from proxy.observe.record import RequestRecord
 
 from ..flow import Flow
-from ..options import OPTIONS
 from . import whole
 from .parts import Parts, Send
 from .streamed import Streamed
@@ -43,14 +41,14 @@ _ON, _OFF = ("on", "1", "true", "yes"), ("off", "0", "false", "no")
 __all__ = ["CONTINUE", "Continuing", "Send", "wanted"]
 
 
-def wanted(request: web.Request, rec: RequestRecord, body: object) -> Plan | None:
-    """The continuation plan of a request, or None: off, not a continuable route, or a body
+def wanted(flow: Flow) -> Plan | None:
+    """The continuation plan of the flow, or None: off, not a continuable route, or a body
     that cannot be continued exactly."""
-    kind = rule(rec.route).continues
+    kind, request, body = rule(flow.rec.route).continues, flow.request, flow.body
     if kind is None or request.method != "POST" or not isinstance(body, bytes):
         return None
     asked = request.headers.get(CONTINUE, "").strip().lower()
-    if asked not in _ON and (asked in _OFF or not request.app[OPTIONS].continue_aborted):
+    if asked not in _ON and (asked in _OFF or not flow.options.continue_aborted):
         return None
     try:
         payload = orjson.loads(body)

@@ -4,7 +4,7 @@ surface the two ways of answering (whole.py, streamed.py) use."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import orjson
@@ -13,11 +13,9 @@ from aiohttp import web
 from proxy.core.continuation import ABORT, Plan, joining
 from proxy.core.continuation.joining import Joined
 from proxy.core.errors import PhaseRefusal, SidecarFailure
-from proxy.core.phase import SERVING
-from proxy.engine.lifecycle import LIFECYCLE
 
 from ..flow import Flow, Relay
-from ..options import OPTIONS
+from ..hooks import ENGINE
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +35,8 @@ class Parts:
 
     def __init__(self, flow: Flow, plan: Plan, send: Send, captured: Captured) -> None:
         self.flow, self.plan, self._send, self._captured = flow, plan, send, captured
-        self.lifecycle = lifecycle = flow.app[LIFECYCLE]
-        self.most = flow.app[OPTIONS].continue_max
+        self.lifecycle = lifecycle = flow.app[ENGINE]  # the engine addon (client/hooks.py)
+        self.most = flow.options.continue_max
         self.version = flow.engine.version or lifecycle.version  # the first part's
         self._cuts_before = lifecycle.cuts
         self._sent = 0
@@ -51,7 +49,7 @@ class Parts:
     def phase_cut(self) -> bool:
         """An abort a phase made: the engine does not serve, or an abort-mode pause or sleep
         was sent since the request was (an `/abort_requests` while serving is neither)."""
-        return self.lifecycle.phase != SERVING or self.lifecycle.cuts != self._cuts_before
+        return not self.lifecycle.serving() or self.lifecycle.cuts != self._cuts_before
 
     async def finish(self, j: Joined, streamed: StreamedPart | None = None) -> None:
         """Parts, one after the other, until the choice ends of itself or cannot go on: a token
@@ -144,6 +142,11 @@ class Parts:
 
     def count(self, outcome: str) -> None:
         self.flow.metrics.continuations.labels(self.flow.rec.route, outcome).inc()
+
+    def counted(self, joined: Iterable[Joined], usage: object) -> None:
+        """The continued answer's tokens, each choice joined from its parts: the engine's
+        `continued` hook (client/hooks.py), counted by lag there."""
+        self.flow.engine.continued(((len(j.tokens), j.spans, j.cuts) for j in joined), usage)
 
 
 def _choices(resp: web.StreamResponse) -> list[Json]:

@@ -16,7 +16,6 @@ from proxy.core.continuation import ABORT, joining
 from proxy.core.continuation.joining import Joined
 from proxy.core.errors import SidecarFailure
 from proxy.core.sse import is_event_stream
-from proxy.engine import tally
 from proxy.upstream.session import UPSTREAM_ERRORS, classify
 
 from ..failures import sse_error
@@ -127,7 +126,7 @@ class Streamed:
         flow = self.flow
         flow.rec.fail_with(flow.metrics, failure)
         self._generated(None)
-        await self.client.write(b"\n\n" + sse_error(flow.rec, failure, None))
+        await self.client.write(b"\n\n" + sse_error(flow, failure, None))
         if not self.client.gone:
             with contextlib.suppress(ConnectionError):
                 await self.client.out.write_eof()
@@ -135,10 +134,7 @@ class Streamed:
 
     def _generated(self, usage: object) -> None:
         """Its tokens, counted by lag (engine/tally.py), before the client's [DONE]."""
-        joined = self.joined.values()
-        self.flow.engine.generated(
-            tally.joined(((len(j.tokens), j.spans, j.cuts) for j in joined), usage)
-        )
+        self.parts.counted(self.joined.values(), usage)
 
     async def _on_event(self, event: bytes, part: tuple[Joined, str | None] | None) -> None:
         data = event.strip()

@@ -12,7 +12,6 @@ from aiohttp import web
 from proxy.core.continuation import ABORT, joining
 from proxy.core.continuation.joining import Joined
 from proxy.core.headers import drop, response_headers
-from proxy.engine import tally
 from proxy.upstream.session import read_capped
 
 from ..budget import BUDGET
@@ -63,9 +62,7 @@ async def whole(parts: Parts, resp: aiohttp.ClientResponse, answer: Json) -> web
     headers[WEIGHT_VERSIONS] = orjson.dumps([j.spans for j in joined]).decode()
     headers[CONTINUED] = str(sum(j.cuts for j in joined))
     rec.status = 200
-    parts.flow.engine.generated(
-        tally.joined(((len(j.tokens), j.spans, j.cuts) for j in joined), usage)
-    )
+    parts.counted(joined, usage)
     return web.Response(body=orjson.dumps(answer), headers=headers)
 
 
