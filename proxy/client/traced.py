@@ -27,14 +27,13 @@ from yarl import URL
 
 from proxy.core import headers as hdrs
 from proxy.core.routes import route_label
-from proxy.engine.gate import ENGINE
-from proxy.engine.lifecycle import LIFECYCLE
 from proxy.observe.otel import hop as spans
 from proxy.observe.tracing import RECORD
 from proxy.upstream.hop import Hop
 from proxy.upstream.lean import Answer
 
 from .forward import handle
+from .hooks import ENGINE, HOOKS
 
 TRACER = web.AppKey("tracer", Tracer)
 
@@ -81,9 +80,9 @@ def _describe(request: web.Request, calls: _Calls, span: Span) -> None:
         return
     span.set_attributes(spans.server_end(rec))
     span.set_attributes(spans.attempts(calls.sent, len(calls.parts)))
-    engine = request.get(ENGINE)
-    if engine is not None:
-        span.set_attributes(spans.weights(engine.version, request.app[LIFECYCLE].version))
+    hooks, engine = request.get(HOOKS), request.app.get(ENGINE)
+    if hooks is not None and engine is not None:
+        span.set_attributes(spans.weights(hooks.version, engine.version))
     if rec.status >= 500:
         span.set_status(Status(StatusCode.ERROR, rec.reason or str(rec.status)))
 
