@@ -37,24 +37,10 @@ ADMIN_PORT=$(free_port "${ADMIN_PORT:-8081}")
 run=$(mktemp -d "${TMPDIR:-/tmp}/sidecar-demo.XXXXXX")
 mkdir -p "$run/home" "$run/tmp" "$run/cache"
 
-group_alive() {  # any process of group $1 that is not a zombie
-  ps -eo pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ {found = 1} END {exit !found}'
-}
-
-groups=()
+source scripts/groups.sh
 cleanup() {
   trap - EXIT INT TERM
-  # Each group, and its leader by pid: stopped before its `setsid` ran, it has no group yet.
-  for pgid in "${groups[@]}"; do kill -TERM -- "-$pgid" "$pgid" 2>/dev/null || true; done
-  for _ in $(seq 1 100); do
-    alive=0
-    for pgid in "${groups[@]}"; do
-      { group_alive "$pgid" || kill -0 "$pgid" 2>/dev/null; } && alive=1
-    done
-    [ "$alive" = 0 ] && break
-    sleep 0.2
-  done
-  for pgid in "${groups[@]}"; do kill -KILL -- "-$pgid" "$pgid" 2>/dev/null || true; done
+  stop_groups
   rm -rf "$run"
   echo "stopped everything the demo started"
 }
@@ -79,19 +65,16 @@ wait_for() {  # URL WHAT LOG PID
 }
 
 say "Starting vLLM on :$VLLM_PORT, serving the model as \`$name\` (20-50 s on CPU)"
-setsid env HOME="$run/home" TMPDIR="$run/tmp" XDG_CACHE_HOME="$run/cache" \
+launch "$run/vllm.log" env HOME="$run/home" TMPDIR="$run/tmp" XDG_CACHE_HOME="$run/cache" \
   VLLM_CACHE_ROOT="$run/cache/vllm" HF_HOME="$run/cache/huggingface" HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CPU_KVCACHE_SPACE=1 \
   "$VLLM_VENV/bin/vllm" serve "$model" --served-model-name "$name" --dtype float32 \
-  --max-model-len 512 --enforce-eager --host 127.0.0.1 --port "$VLLM_PORT" \
-  >"$run/vllm.log" 2>&1 </dev/null &
-groups+=($!)
+  --max-model-len 512 --enforce-eager --host 127.0.0.1 --port "$VLLM_PORT"
 wait_for "http://127.0.0.1:$VLLM_PORT/health" vLLM "$run/vllm.log" "${groups[-1]}"
 
 say "Starting the sidecar on :$PORT (admin :$ADMIN_PORT) in front of it"
-setsid "$VENV/bin/vllm-sidecar" --upstream-url "http://127.0.0.1:$VLLM_PORT" \
-  --host 127.0.0.1 --port "$PORT" --admin-port "$ADMIN_PORT" >"$run/sidecar.log" 2>&1 </dev/null &
-groups+=($!)
+launch "$run/sidecar.log" "$VENV/bin/vllm-sidecar" --upstream-url "http://127.0.0.1:$VLLM_PORT" \
+  --host 127.0.0.1 --port "$PORT" --admin-port "$ADMIN_PORT"
 wait_for "http://127.0.0.1:$ADMIN_PORT/readyz" sidecar "$run/sidecar.log" "${groups[-1]}"
 
 post() {  # PORT PATH JSON: show the command, then the status, the sidecar's headers and the body
