@@ -5,14 +5,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from proxy.core.phase import PHASES, SERVING
 
-from .family import PREFIX, Family
+from .family import PREFIX
+from .plain import counter, histogram
 
 # Phases last from seconds (a pause around a weight sync) to hours (a sleeping engine).
 PHASE_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 14400)
@@ -77,26 +78,22 @@ class EngineMetrics:
             "Weight updates finished (a successful /finish_weight_update).",
             registry=registry,
         )
-        self.phase_duration = Family(
-            Histogram(
-                PREFIX + "engine_phase_duration_seconds",
-                "How long each phase lasted, observed when it ends.",
-                ("phase",),
-                buckets=PHASE_BUCKETS,
-                registry=registry,
-            )
+        self.phase_duration = histogram(
+            registry,
+            "engine_phase_duration_seconds",
+            "How long each phase lasted, observed when it ends.",
+            ("phase",),
+            PHASE_BUCKETS,
         )
         self._requests(registry)
 
     def _requests(self, registry: CollectorRegistry) -> None:
         """What phases did to requests."""
-        self.requests = Family(
-            Counter(
-                PREFIX + "phase_requests",
-                "Data-plane requests a phase held, refused (503) or had vLLM abort, by route.",
-                ("phase", "route", "outcome"),
-                registry=registry,
-            )
+        self.requests = counter(
+            registry,
+            "phase_requests",
+            "Data-plane requests a phase held, refused (503) or had vLLM abort, by route.",
+            ("phase", "route", "outcome"),
         )
         self.held = Gauge(
             PREFIX + "held_requests",
@@ -104,15 +101,13 @@ class EngineMetrics:
             registry=registry,
             multiprocess_mode="livesum",
         )
-        self.generated_tokens = Family(
-            Counter(
-                PREFIX + "generated_tokens",
-                "Tokens of generation answers by route and lag: how many weight updates behind"
-                " the pod's newest version at the answer's end their weights were (0, 1, 2, 3+),"
-                " straddled (an update during an answer without spans), unknown (no version).",
-                ("route", "lag"),
-                registry=registry,
-            )
+        self.generated_tokens = counter(
+            registry,
+            "generated_tokens",
+            "Tokens of generation answers by route and lag: how many weight updates behind"
+            " the pod's newest version at the answer's end their weights were (0, 1, 2, 3+),"
+            " straddled (an update during an answer without spans), unknown (no version).",
+            ("route", "lag"),
         )
         self.upstream_lacks = Gauge(
             PREFIX + "upstream_lacks",
@@ -122,22 +117,18 @@ class EngineMetrics:
             registry=registry,
             multiprocess_mode="livemax",
         )
-        self.estimated_tokens = Family(
-            Counter(
-                PREFIX + "estimated_generated_tokens",
-                "Of the generated tokens, those a stream's events told, not vLLM's usage: an"
-                " estimate (short at --stream-interval above 1), by route.",
-                ("route",),
-                registry=registry,
-            )
+        self.estimated_tokens = counter(
+            registry,
+            "estimated_generated_tokens",
+            "Of the generated tokens, those a stream's events told, not vLLM's usage: an"
+            " estimate (short at --stream-interval above 1), by route.",
+            ("route",),
         )
-        self.straddling_answers = Family(
-            Counter(
-                PREFIX + "straddling_answers",
-                "Generation answers made under more than one weight version, by route.",
-                ("route",),
-                registry=registry,
-            )
+        self.straddling_answers = counter(
+            registry,
+            "straddling_answers",
+            "Generation answers made under more than one weight version, by route.",
+            ("route",),
         )
         self.unpaused_sync = Counter(
             PREFIX + "weight_update_running_requests",

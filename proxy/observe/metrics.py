@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from .engine_metrics import EngineMetrics
-from .family import PREFIX, Counts, Family
+from .family import PREFIX, Counts
+from .plain import Counters, Histograms, counter, histogram
 
 # Route labels are bounded by the table in routes.py (`route_label`); methods by this set.
 METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
@@ -152,13 +153,11 @@ class Metrics:
             multiprocess_mode="livemax",
         ).set(share)
 
-    def _counter(self, name: str, doc: str, labels: tuple[str, ...]) -> Family[Counter]:
-        return Family(Counter(PREFIX + name, doc, labels, registry=self.registry))
+    def _counter(self, name: str, doc: str, labels: tuple[str, ...]) -> Counters:
+        return counter(self.registry, name, doc, labels)
 
-    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Family[Histogram]:
-        return Family(
-            Histogram(PREFIX + name, doc, ("route",), buckets=buckets, registry=self.registry)
-        )
+    def _histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histograms:
+        return histogram(self.registry, name, doc, ("route",), buckets)
 
 
 class WorkerMetrics:
