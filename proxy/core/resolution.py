@@ -61,6 +61,9 @@ SUGGEST_ALL = 256
 _NEAR = 64  # on each side, in each order
 
 
+# Resolutions a table remembers (names are capped in length: InvalidRequest past it).
+MEMO = 1024
+
 # key -> {model group -> served name}; more than one group under a key is an ambiguity.
 _Index = dict[str, dict[str, str]]
 
@@ -79,7 +82,7 @@ def _folded(index: _Index) -> _Index:
 
 
 class ModelTable:
-    """An immutable lookup built once per discovery; `resolve` is a few dict lookups."""
+    """A lookup built once per discovery; `resolve` is a few dict lookups, then one."""
 
     def __init__(
         self,
@@ -118,12 +121,24 @@ class ModelTable:
                 (CASE, _folded(root), False),
                 (CASE, _folded(base), True),
             ]
+        self._memo: dict[str, Resolution] = {}
         if len(self.names) > SUGGEST_ALL:
             # The suggestions' sorted orders are built with the table (in discovery's thread for
             # a large list), not by the first unknown name: 50,001 names took the loop 0.17 s.
             _ = self._sorted
 
     def resolve(self, name: str) -> Resolution:
+        """The name's resolution, worked out once per table: a trainer asks for one name, or a
+        few, thousands of times. The first `MEMO` names are remembered; others, such as a
+        client's stream of made-up names, are worked out each time and displace nothing."""
+        res = self._memo.get(name)
+        if res is None:
+            res = self._resolve(name)
+            if len(self._memo) < MEMO:
+                self._memo[name] = res
+        return res
+
+    def _resolve(self, name: str) -> Resolution:
         folded = name.casefold()
         for rule, index, by_basename in self._steps:
             key = folded if rule == CASE else name

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.core.resolution import (
+    MEMO,
     ModelTable,
     ServedModel,
     basename,
@@ -215,3 +216,17 @@ def test_describe_everything() -> None:
 
 def test_parse_models_list_ignores_a_root_that_is_not_a_string() -> None:
     assert parse_models_list({"data": [{"id": "m", "root": 7}]}) == [ServedModel("m", None)]
+
+
+def test_a_name_is_worked_out_once_per_table_and_strangers_displace_nothing() -> None:
+    models = table(QWEN, aliases={"policy": "Qwen2.5-0.5B"})
+    first = models.resolve("Qwen/Qwen2.5-0.5B")
+    assert models.resolve("Qwen/Qwen2.5-0.5B") is first  # remembered, not worked out again
+    # A client's stream of made-up names fills the memo to its bound and no further...
+    for n in range(MEMO + 500):
+        assert models.resolve(f"made-up-{n}").rule == "unresolved"
+    assert len(models._memo) == MEMO
+    # ...and every answer is still the rules' own, remembered or not.
+    for name in ("Qwen/Qwen2.5-0.5B", "policy", "POLICY", "qwen2.5-0.5b", "made-up-1", "x/y"):
+        assert models.resolve(name) == models._resolve(name)
+    assert models.resolve("policy").served == "Qwen2.5-0.5B"
