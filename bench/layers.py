@@ -85,12 +85,21 @@ def python312() -> Path:
     python = VENV / "bin" / "python"
     if python.exists():
         return python
-    base = shutil.which("python3.12") or str(Path.home() / ".pyenv/versions/3.12.1/bin/python")
-    subprocess.run([base, "-m", "venv", str(VENV)], check=True)
+    subprocess.run([_base312(), "-m", "venv", str(VENV)], check=True)
     pins = ROOT / "requirements" / "runtime.txt"
     pip = [str(VENV / "bin" / "pip"), "install", "-q", "-r", str(pins)]
     subprocess.run(pip, check=True, stdout=subprocess.DEVNULL)
     return python
+
+
+def _base312() -> str:
+    """The first Python 3.12 that runs: a pyenv shim on PATH may name a version it will not
+    start (exit 127), so each is tried."""
+    pyenv = str(Path.home() / ".pyenv/versions/3.12.1/bin/python")
+    for candidate in (shutil.which("python3.12"), pyenv):
+        if candidate and subprocess.run([candidate, "-c", ""], capture_output=True).returncode == 0:
+            return candidate
+    raise SystemExit("the profile needs Python 3.12: name one in LAYERS_PYTHON")
 
 
 def layer(name: str) -> str:
