@@ -35,6 +35,7 @@ class Budget:
     def __init__(self, limit: int, metrics: Metrics) -> None:
         self.limit, self.metrics = limit, metrics
         self.used = 0
+        self._held: dict[asyncio.Task[object], int] = {}  # what each request's task holds
         self.large_freed = False  # since the last trim
         self.trim = _malloc_trim()
         # In one process the gauge reads `used` when it is scraped: four sets a request (a
@@ -61,8 +62,17 @@ class Budget:
             self.metrics.budget_refusals.inc()
             return False
         self._used(self.used + size)
-        task.add_done_callback(lambda _: self.give_back(size))
+        # One callback a request gives back all it held (its body, then its answer): a
+        # callback each cost a closure and a call more per request.
+        held = self._held.get(task)
+        if held is None:
+            task.add_done_callback(self._ended)
+            held = 0
+        self._held[task] = held + size
         return True
+
+    def _ended(self, task: asyncio.Task[object]) -> None:
+        self.give_back(self._held.pop(task))
 
     def hold(self, size: int) -> None:
         """As `try_hold`, or a retryable 503 when the budget has no room for `size` bytes now."""
@@ -76,6 +86,8 @@ class Budget:
         )
 
     def give_back(self, size: int) -> None:
+        """`size` bytes back; `size` at or past LARGE (a request's bodies together) marks a
+        burst worth trimming the heap after."""
         self._used(self.used - size)
         self.large_freed = self.large_freed or size >= LARGE
         if not self.used and self.large_freed and self.trim is not None:
