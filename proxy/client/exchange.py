@@ -16,7 +16,6 @@ from multidict import CIMultiDict
 from proxy.core import headers as hdrs
 from proxy.core.continuation import PART_PATH, Plan
 from proxy.core.errors import UpstreamInvalidResponse, UpstreamTimeout
-from proxy.core.routes import rule
 from proxy.core.sse import is_event_stream
 from proxy.upstream.hop import HOP
 from proxy.upstream.session import UPSTREAM, UPSTREAM_ERRORS, read_capped, target
@@ -69,7 +68,7 @@ async def call_upstream(flow: Flow) -> web.StreamResponse:
     if isinstance(body, bytes) and (named := flow.engine.body(body)) is not None:
         flow.body = body = named
         headers["Content-Type"] = "application/json"
-    if rule(flow.rec.route).own_health and flow.request.method in ("GET", "HEAD"):
+    if flow.rec.row.own_health and flow.request.method in ("GET", "HEAD"):
         return await _health(flow, headers)
     if (plan := continuing.wanted(flow)) is not None:
         return await _continuing(flow, plan, headers)

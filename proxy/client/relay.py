@@ -11,7 +11,6 @@ from aiohttp import web
 from proxy.core.envelope import ModelInfo
 from proxy.core.errors import ShuttingDown, SidecarFailure, UpstreamInvalidResponse
 from proxy.core.headers import drop, response_headers
-from proxy.core.routes import rule
 from proxy.core.sse import ErrorWatcher, EventFramer, is_event_stream
 from proxy.core.upstream_body import no_choices
 from proxy.upstream.session import UPSTREAM_ERRORS, classify, read_capped
@@ -30,7 +29,7 @@ async def buffered_reply(
 ) -> web.Response:
     rec = flow.rec
     body = await resp.read() if body is None else body
-    if resp.status == 200 and rule(rec.route).choices and no_choices(body):
+    if resp.status == 200 and rec.row.choices and no_choices(body):
         raise UpstreamInvalidResponse(
             f"The upstream answered 200 for {rec.method} {rec.path} with an empty `choices` "
             "list: a generation has at least one choice."

@@ -182,6 +182,13 @@ def route_label(path: str) -> str:
     return template(path) or OTHER
 
 
+def labelled(path: str) -> tuple[str, Route]:
+    """A raw path's route label and the row that label names (a data row for `other`, as
+    `rule`): both found once, by the request's record, for every step that asks."""
+    key = template(path)
+    return (OTHER, _DATA) if key is None else (key, ROUTES[key])
+
+
 def rule(path: str) -> Route:
     """The row of a raw path (`/pause/` is /pause: Starlette redirects the slash); a path the
     table does not name is a data route (no closed world: the module's docstring)."""

@@ -210,7 +210,7 @@ class Data(EngineHandle):
         body = response.body if isinstance(response, web.Response) else None
         if not isinstance(body, bytes):
             return
-        if response.status == 200 and not self.counted and rule(self.rec.route).choices:
+        if response.status == 200 and not self.counted and self.rec.row.choices:
             self.generated(of_body(body))
         # Only outside serving: no body is searched in steady state.
         if lifecycle.phase != SERVING and _ABORT in body:
@@ -218,7 +218,7 @@ class Data(EngineHandle):
 
     def streaming(self) -> Tally | None:
         route = self.rec.route
-        return Tally(chat=route == _CHAT) if rule(route).choices else None
+        return Tally(chat=route == _CHAT) if self.rec.row.choices else None
 
     def generated(self, counts: Counts | None) -> None:
         if counts is not None and not self.counted:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from proxy.core.errors import SidecarFailure
 from proxy.core.resolution import ABSENT
-from proxy.core.routes import route_label
+from proxy.core.routes import Route, labelled
 
 from .logs import capped, text_field
 from .metrics import Metrics, method_label
@@ -24,6 +24,7 @@ class RequestRecord:
     path: str
     request_id: str
     route: str = ""
+    row: Route = field(init=False)  # the route's row in core/routes.py
     # The client's X-Request-Id when it was refused (not a short printable token) and replaced.
     client_request_id: str | None = None
     started: float = field(default_factory=time.perf_counter)
@@ -38,7 +39,7 @@ class RequestRecord:
     duration: float = 0.0
 
     def __post_init__(self) -> None:
-        self.route = route_label(self.path)
+        self.route, self.row = labelled(self.path)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started

@@ -27,7 +27,6 @@ from aiohttp import web
 
 from proxy.core import continuation as cont
 from proxy.core.continuation import Plan
-from proxy.core.routes import rule
 from proxy.core.sse import is_event_stream
 
 from ..flow import Flow
@@ -44,7 +43,7 @@ __all__ = ["CONTINUE", "Continuing", "Send", "wanted"]
 def wanted(flow: Flow) -> Plan | None:
     """The continuation plan of the flow, or None: off, not a continuable route, or a body
     that cannot be continued exactly."""
-    kind, request, body = rule(flow.rec.route).continues, flow.request, flow.body
+    kind, request, body = flow.rec.row.continues, flow.request, flow.body
     if kind is None or request.method != "POST" or not isinstance(body, bytes):
         return None
     asked = request.headers.get(CONTINUE, "").strip().lower()

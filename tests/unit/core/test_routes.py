@@ -6,7 +6,17 @@ from __future__ import annotations
 import pytest
 
 from proxy.core.control import plane
-from proxy.core.routes import CONTROL, DATA, OTHER, ROUTES, plane_of, route_label, rule, template
+from proxy.core.routes import (
+    CONTROL,
+    DATA,
+    OTHER,
+    ROUTES,
+    labelled,
+    plane_of,
+    route_label,
+    rule,
+    template,
+)
 
 
 @pytest.mark.parametrize("route", sorted(ROUTES))
@@ -124,3 +134,13 @@ def test_a_data_route_is_data_only_for_post() -> None:
     assert plane("POST", "/v1/completions") == DATA
     assert plane("GET", "/v1/completions") is None
     assert plane("GET", "/pause") == CONTROL
+
+
+@pytest.mark.parametrize(
+    "path",
+    [*ROUTES, "/v1/responses/resp_1", "/v1/completions/", "/pause/", "/nowhere", "", "//", "*"],
+)
+def test_the_record_gets_the_label_and_the_row_that_label_names(path: str) -> None:
+    label, row = labelled(path)
+    assert label == route_label(path)
+    assert row is rule(label)
