@@ -198,27 +198,3 @@ def test_a_field_repeated_in_other_spellings_keeps_its_first_and_every_value() -
     ]
     answer = response_headers(CIMultiDict([("set-cookie", "a"), ("Set-Cookie", "b")]), rid="r")
     assert answer.getall("Set-Cookie") == ["a", "b"]
-
-
-def test_a_head_of_a_shape_seen_before_is_filtered_as_its_own() -> None:
-    """What passes is remembered per shape (names and Connection values), never the values:
-    the same names with another Connection value, or other values, give their own answer."""
-
-    def sent(fields: list[tuple[str, str]]) -> list[tuple[str, str]]:
-        out = upstream_request_headers(
-            CIMultiDict(fields), rid="r", client_ip="10.0.0.9", scheme="http", host=None
-        )
-        return [
-            (k, v) for k, v in out.items() if k.lower() in ("x-drop", "accept", "x-forwarded-for")
-        ]
-
-    names = ("Connection", "X-Drop", "Accept", "X-Forwarded-For")
-    first = sent(list(zip(names, ("keep-alive, X-Drop", "1", "a", "1.1.1.1"), strict=True)))
-    assert first == [("Accept", "a"), ("X-Forwarded-For", "1.1.1.1, 10.0.0.9")]
-    again = sent(list(zip(names, ("keep-alive, X-Drop", "2", "b", "2.2.2.2"), strict=True)))
-    assert again == [("Accept", "b"), ("X-Forwarded-For", "2.2.2.2, 10.0.0.9")]
-    kept = sent(list(zip(names, ("keep-alive", "3", "c", "3.3.3.3"), strict=True)))
-    assert kept == [("X-Drop", "3"), ("Accept", "c"), ("X-Forwarded-For", "3.3.3.3, 10.0.0.9")]
-    # A head too large to remember is worked out alike.
-    long = [("X-" + "n" * 2000, "v"), *zip(names, ("X-Drop", "4", "d", "4.4.4.4"), strict=True)]
-    assert sent(long) == [("Accept", "d"), ("X-Forwarded-For", "4.4.4.4, 10.0.0.9")]
