@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.client.admin import create_admin_app
 from proxy.config.settings import Settings
-from proxy.wiring import inbound
+from proxy.wiring import dispatch
 from proxy.wiring.app import create_app
 from tests.e2e._servers import DevVllm, TinyModel, tiny_model_dir
 from tests.fake_vllm import FakeVLLM
@@ -101,8 +101,8 @@ def make_sidecar(aiohttp_client: Any) -> MakeSidecar:
         registry = CollectorRegistry()
         app = create_app(settings, registry=registry)
         client = await aiohttp_client(app)
-        # The proxy port's inbound path as `serve` installs it (wiring/inbound.py).
-        inbound.install(client.server.runner, app)
+        # The proxy port's dispatch as `serve` installs it (wiring/dispatch.py).
+        dispatch.install(client.server.runner, app)
         admin = await aiohttp_client(create_admin_app(app))
         sidecar = Sidecar(client, admin, app, registry)
         if ready:

@@ -22,7 +22,7 @@ from proxy.client.guard import Limits
 from proxy.config.settings import Settings
 from proxy.observe import logs
 
-from . import inbound
+from . import dispatch
 from .app import create_app
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ async def serve(
     runner = _proxy_runner(proxy, settings)
     admin = web.AppRunner(create_admin_app(proxy), access_log=None, handle_signals=False)
     await runner.setup()
-    inbound.install(runner, proxy)
+    dispatch.install(runner, proxy)
     await admin.setup()
     listener, sweep = None, None
     try:

@@ -1,4 +1,4 @@
-"""The proxy port's lean inbound path: a request with a path goes straight to the one route.
+"""The proxy port's dispatch: a request with a path goes straight to the one route.
 
 The proxy app has one resource that matches every path and every method (`app._Everything`),
 and one middleware that only acts on a request without a path (`CONNECT host:port`). For every
@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Callable
 from aiohttp import hdrs, web
 from aiohttp.web_urldispatcher import UrlMappingMatchInfo
 
-Inbound = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+Dispatch = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
-def lean_inbound(app: web.Application) -> Inbound:
+def dispatch(app: web.Application) -> Dispatch:
     """The request handler for the proxy app's server: `runner.server.request_handler`."""
     (resource,) = app.router.resources()
     (route,) = resource
@@ -29,19 +29,19 @@ def lean_inbound(app: web.Application) -> Inbound:
     match.freeze()
     handler, full = route.handler, app._handle
 
-    async def inbound(request: web.BaseRequest) -> web.StreamResponse:
+    async def dispatched(request: web.BaseRequest) -> web.StreamResponse:
         if request.raw_path[:1] != "/" or hdrs.EXPECT in request.headers:
             return await full(request)  # type: ignore[arg-type]
         request._match_info = match  # type: ignore[attr-defined]
         return await handler(request)  # type: ignore[arg-type]
 
-    return inbound
+    return dispatched
 
 
 def install(runner: web.BaseRunner | None, app: web.Application) -> None:
-    """Serve `app` through the lean path on a set-up runner; connections accepted afterwards
+    """Serve `app` through this dispatch on a set-up runner; connections accepted afterwards
     take it."""
     server = runner.server if runner is not None else None
     if not isinstance(server, web.Server):
-        raise RuntimeError("the lean inbound path needs a runner that is set up")
-    server.request_handler = lean_inbound(app)
+        raise RuntimeError("the dispatch needs a runner that is set up")
+    server.request_handler = dispatch(app)

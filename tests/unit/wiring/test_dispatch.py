@@ -1,5 +1,5 @@
-"""The lean inbound path (wiring/inbound.py): a request with a path reaches the one route without
-the router or the middlewares; `Expect` and a request without a path keep aiohttp's own path."""
+"""The proxy port's dispatch (wiring/dispatch.py): a request with a path reaches the one route
+without the router or the middlewares; `Expect` and one without a path keep aiohttp's own path."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from aiohttp.typedefs import Handler
 
-from proxy.wiring import inbound
+from proxy.wiring import dispatch
 
 
 def app_with_one_route() -> tuple[web.Application, list[str]]:
     """One route for every method at `/`, a middleware that notes each request it sees, and a
-    prepare signal that marks each answer: what the lean path must keep or skip."""
+    prepare signal that marks each answer: what the dispatch must keep or skip."""
     seen: list[str] = []
 
     @web.middleware
@@ -38,7 +38,7 @@ def app_with_one_route() -> tuple[web.Application, list[str]]:
 
 async def serving(aiohttp_client: Any, app: web.Application) -> TestClient[Any, Any]:
     client: TestClient[Any, Any] = await aiohttp_client(app)
-    inbound.install(client.server.runner, app)
+    dispatch.install(client.server.runner, app)
     return client
 
 
@@ -64,7 +64,7 @@ async def test_expect_takes_aiohttps_own_path(aiohttp_client: Any) -> None:
 
 async def test_the_full_path_without_install(aiohttp_client: Any) -> None:
     """The middleware does see a request when the lean path is not installed: the first test's
-    `seen == []` is the lean path's doing."""
+    `seen == []` is the dispatch's doing."""
     app, seen = app_with_one_route()
     client = await aiohttp_client(app)
     assert (await client.get("/")).status == 200
