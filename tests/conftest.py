@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from proxy.client.admin import create_admin_app
 from proxy.config.settings import Settings
 from proxy.wiring.app import create_app
-from tests.e2e._servers import DevVllm, TinyModel, tiny_model_dir
+from tests.e2e.servers import DevVllm, TinyModel, tiny_model_dir
 from tests.fake_vllm import FakeVLLM
 from tests.phoenix import Phoenix, running_phoenix
 from tests.processes import SidecarProcess, running

@@ -10,7 +10,7 @@ import pytest
 from tests.processes import ManagedProcess
 from tests.support import free_port
 
-from ._processes import ROOT, SERVED, Stack, spawn, start_sidecar
+from .stack import ROOT, SERVED, Stack, spawn, start_sidecar
 
 
 @pytest.fixture(scope="module")

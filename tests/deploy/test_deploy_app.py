@@ -18,8 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.config.settings import Settings
 from tests.support import free_port
 
-from ._processes import Stack, http_get, start_sidecar
-from ._support import (
+from .files import (
     DOCKERFILE,
     KUBERNETES,
     REPO,
@@ -32,6 +31,7 @@ from ._support import (
     run,
     tool,
 )
+from .stack import Stack, http_get, start_sidecar
 
 # Series Prometheus adds to every scrape itself; not the app's to export.
 PROMETHEUS_SERIES = {"up"}

@@ -17,8 +17,7 @@ import yaml
 from tests.processes import ManagedProcess
 from tests.support import free_port, wait_until
 
-from ._processes import SERVED, Stack, http_get, spawn
-from ._support import (
+from .files import (
     ALERTS,
     SCRAPE_CONFIG,
     alert_rules,
@@ -27,6 +26,7 @@ from ._support import (
     substitute,
     tool,
 )
+from .stack import SERVED, Stack, http_get, spawn
 
 
 @dataclass

@@ -17,7 +17,7 @@ import pytest
 
 from tests.processes import ROOT, running
 
-from ._servers import VLLM_VENV, DevVllm, SidecarProcess, TinyModel, VllmServer
+from .servers import VLLM_VENV, DevVllm, SidecarProcess, TinyModel, VllmServer
 
 
 @pytest.fixture(scope="session")

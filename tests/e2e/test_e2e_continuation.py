@@ -21,11 +21,11 @@ import orjson
 import pytest
 from openai import OpenAI
 
+from tests.metrics import metric
 from tests.processes import running
 from tests.support import eventually
 
-from ._servers import DevVllm, SidecarProcess, TinyModel, VllmServer
-from ._support import metric
+from .servers import DevVllm, SidecarProcess, TinyModel, VllmServer
 
 pytestmark = pytest.mark.vllm
 

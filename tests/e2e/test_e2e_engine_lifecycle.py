@@ -18,12 +18,12 @@ import aiohttp
 import orjson
 import pytest
 
+from tests.metrics import metric
 from tests.processes import running
 from tests.sse import DONE, sse_data
 from tests.support import eventually
 
-from ._servers import DevVllm, SidecarProcess, TinyModel, VllmServer
-from ._support import metric
+from .servers import DevVllm, SidecarProcess, TinyModel, VllmServer
 
 pytestmark = pytest.mark.vllm
 

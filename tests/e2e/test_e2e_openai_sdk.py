@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from ._servers import SidecarProcess, TinyModel
+from .servers import SidecarProcess, TinyModel
 
 pytestmark = pytest.mark.vllm
 

@@ -12,10 +12,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.metrics import metric
 from tests.sse import DONE, parse_sse
 
-from ._servers import SidecarProcess, TinyModel, VllmServer
-from ._support import metric
+from .servers import SidecarProcess, TinyModel, VllmServer
 
 pytestmark = pytest.mark.vllm
 

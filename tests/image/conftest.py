@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy._processes import spawn
+from tests.deploy.stack import spawn
 from tests.support import free_port, wait_until
 
-from ._buildah import Container, Image, build_image, image_size
-from ._pod import Pod, sidecar_env, start_sidecar
+from .buildah import Container, Image, build_image, image_size
+from .pod import Pod, sidecar_env, start_sidecar
 
 
 @pytest.fixture(scope="module")

@@ -16,16 +16,16 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from packaging.utils import canonicalize_name
 
-from tests.deploy._support import KUBERNETES, kustomize_build
+from tests.deploy.files import KUBERNETES, kustomize_build
 from tests.fake_vllm import FakeVLLM
 from tests.metrics import sample, scrape
 from tests.processes import children
 from tests.sidecar import COMPLETION, assert_envelope
 from tests.support import eventually, free_port, refuses_connections
 
-from ._buildah import Container, Image, entrypoint_pid, image_size, real_uid
-from ._lock import RUNTIME_LOCK, pyproject, read_lock
-from ._pod import Pod, sidecar_env, start_sidecar
+from .buildah import Container, Image, entrypoint_pid, image_size, real_uid
+from .lock import RUNTIME_LOCK, pyproject, read_lock
+from .pod import Pod, sidecar_env, start_sidecar
 
 pytestmark = pytest.mark.slow
 

@@ -33,8 +33,8 @@ from skyrl.backends.skyrl_train.inference_servers.remote_inference_client import
 from skyrl.backends.skyrl_train.weight_sync.control_plane import SkyrlWeightSyncClient
 
 from proxy.core.phase import next_version
-from tests.e2e._servers import DevVllm, TinyModel, VllmServer
-from tests.e2e._support import metric
+from tests.e2e.servers import DevVllm, TinyModel, VllmServer
+from tests.metrics import metric
 from tests.processes import ManagedProcess, SidecarProcess, running
 from tests.support import wait_until
 

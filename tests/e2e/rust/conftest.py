@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e._servers import DevVllm, SidecarProcess, TinyModel, rust_vllm
+from tests.e2e.servers import DevVllm, SidecarProcess, TinyModel, rust_vllm
 from tests.processes import running
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from tests.deploy._processes import http_get, manifest_env
+from tests.deploy.stack import http_get, manifest_env
 from tests.processes import ManagedProcess
 from tests.support import free_port
 
-from ._buildah import Container, Image
+from .buildah import Container, Image
 
 
 def sidecar_env(upstream_port: int, *, pod: bool, **extra: str) -> dict[str, str]:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.deploy._support import REPO, tool
+from tests.deploy.files import REPO, tool
 from tests.processes import ManagedProcess, children
 
 PART = "40-image.sh"

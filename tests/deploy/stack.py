@@ -14,7 +14,7 @@ import pytest
 from tests.processes import ManagedProcess
 from tests.support import free_port
 
-from ._support import KUBERNETES, kustomize_build
+from .files import KUBERNETES, kustomize_build
 
 # What the fake vLLM serves, and what it says the model was loaded from (its `root`), as with
 # `vllm serve Qwen/Qwen2.5-0.5B-Instruct --served-model-name Qwen2.5-0.5B-Instruct`.
