@@ -229,6 +229,13 @@ def _stop_leftovers() -> None:
         process.kill()
 
 
+def spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> ManagedProcess:
+    """Start `args` in its own process group, output to `log`, environment on top of ours."""
+    process = ManagedProcess(Path(args[0]).name, args, {**os.environ, **(env or {})}, log)
+    process.spawn()
+    return process
+
+
 P = TypeVar("P", bound=ManagedProcess)
 
 

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.processes import ManagedProcess
+from tests.processes import ManagedProcess, spawn
 from tests.support import free_port
 
-from .stack import ROOT, SERVED, Stack, spawn, start_sidecar
+from .stack import ROOT, SERVED, Stack, start_sidecar
 
 
 @pytest.fixture(scope="module")

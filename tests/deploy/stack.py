@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import sys
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from tests.processes import ManagedProcess
+from tests.processes import ManagedProcess, spawn
 from tests.support import free_port
 
 from .files import KUBERNETES, kustomize_build
@@ -20,14 +17,6 @@ from .files import KUBERNETES, kustomize_build
 # `vllm serve Qwen/Qwen2.5-0.5B-Instruct --served-model-name Qwen2.5-0.5B-Instruct`.
 SERVED = "Qwen2.5-0.5B-Instruct"
 ROOT = "Qwen/Qwen2.5-0.5B-Instruct"
-
-
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
 
 
 @dataclass
@@ -62,13 +51,6 @@ def manifest_env() -> dict[str, str]:
     deployment = next(d for d in kustomize_build(KUBERNETES) if d["kind"] == "Deployment")
     sidecar = deployment["spec"]["template"]["spec"]["initContainers"][0]
     return {item["name"]: item["value"] for item in sidecar["env"] if "value" in item}
-
-
-def spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> ManagedProcess:
-    """Start `args` in its own process group, output to `log`, environment on top of ours."""
-    process = ManagedProcess(Path(args[0]).name, args, {**os.environ, **(env or {})}, log)
-    process.spawn()
-    return process
 
 
 def start_sidecar(

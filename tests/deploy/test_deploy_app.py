@@ -16,7 +16,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config.settings import Settings
-from tests.support import free_port
+from tests.support import free_port, http_get
 
 from .files import (
     DOCKERFILE,
@@ -31,7 +31,7 @@ from .files import (
     run,
     tool,
 )
-from .stack import Stack, http_get, start_sidecar
+from .stack import Stack, start_sidecar
 
 # Series Prometheus adds to every scrape itself; not the app's to export.
 PROMETHEUS_SERIES = {"up"}

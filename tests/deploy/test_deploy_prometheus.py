@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.processes import ManagedProcess
-from tests.support import free_port, wait_until
+from tests.processes import ManagedProcess, spawn
+from tests.support import free_port, http_get, wait_until
 
 from .files import (
     ALERTS,
@@ -26,7 +26,7 @@ from .files import (
     substitute,
     tool,
 )
-from .stack import SERVED, Stack, http_get, spawn
+from .stack import SERVED, Stack
 
 
 @dataclass

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.stack import spawn
+from tests.processes import spawn
 from tests.support import free_port, wait_until
 
 from .buildah import Container, Image, build_image, image_size

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from tests.deploy.stack import http_get, manifest_env
+from tests.deploy.stack import manifest_env
 from tests.processes import ManagedProcess
-from tests.support import free_port
+from tests.support import free_port, http_get
 
 from .buildah import Container, Image
 
