@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from tests.processes import ManagedProcess, spawn
+from tests.processes import ManagedProcess
+from tests.sidecar import SidecarProcess
 from tests.support import free_port
 
 from .files import KUBERNETES, kustomize_build
@@ -24,19 +26,9 @@ class Stack:
     """A fake vLLM and the sidecar in front of it, each a real process on real ports."""
 
     vllm_port: int
-    port: int
-    admin_port: int
     vllm: ManagedProcess
-    sidecar: ManagedProcess
+    sidecar: SidecarProcess
     env: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def admin_url(self) -> str:
-        return f"http://127.0.0.1:{self.admin_port}"
 
 
 def sidecar_command() -> str:
@@ -55,7 +47,7 @@ def manifest_env() -> dict[str, str]:
 
 def start_sidecar(
     upstream_port: int, logs: Path, **extra_env: str
-) -> tuple[ManagedProcess, dict[str, str]]:
+) -> tuple[SidecarProcess, dict[str, str]]:
     """The real CLI, configured by the Deployment's environment with test ports swapped in."""
     port, admin_port = free_port(), free_port()
     env = {
@@ -68,6 +60,14 @@ def start_sidecar(
         "VLLM_SIDECAR_SHUTDOWN_GRACE": "1",
         **extra_env,
     }
-    process = spawn([sidecar_command()], logs / f"sidecar-{port}.log", env)
-    process.wait_until(f"http://127.0.0.1:{admin_port}/livez", deadline_s=30)
+    process = SidecarProcess(
+        "vllm-sidecar",
+        [sidecar_command()],
+        {**os.environ, **env},
+        logs / f"sidecar-{port}.log",
+        port=port,
+        admin_port=admin_port,
+    )
+    process.spawn()
+    process.wait_until(f"{process.admin_url}/livez", deadline_s=30)
     return process, env

@@ -13,9 +13,10 @@ import aiohttp
 import pytest
 
 from tests.metrics import metric
+from tests.sidecar import SidecarProcess
 from tests.sse import DONE, parse_sse
 
-from .servers import SidecarProcess, TinyModel, VllmServer
+from .servers import TinyModel, VllmServer
 
 pytestmark = pytest.mark.vllm
 

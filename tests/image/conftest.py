@@ -56,7 +56,7 @@ def pod(image: Image, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]
         env = sidecar_env(vllm_port, pod=True)
         sidecar = start_sidecar(image, made, env)
         ready = Pod(made, sidecar, env)
-        sidecar.wait_until(f"{ready.admin_url}/readyz", deadline_s=60)
+        sidecar.wait_until(f"{sidecar.admin_url}/readyz", deadline_s=60)
         # Ready once one worker listens; the pod is whole when all of them do.
         workers = int(env["VLLM_SIDECAR_WORKERS"])
         wait_until(lambda: ready.listening_workers() == workers, f"{workers} workers listen", 30)

@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestServer
 from proxy.engine.lifecycle import LIFECYCLE
 from tests.fake_vllm import FakeVLLM, Firehose, hang, sse_forever
 from tests.metrics import sample, scrape
-from tests.processes import rss_bytes
+from tests.procfs import rss_bytes
 from tests.sidecar import COMPLETION, Sidecar, StartSidecar, admin_of, control
 from tests.support import eventually
 

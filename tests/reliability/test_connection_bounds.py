@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestServer
 
 from tests.fake_vllm import FakeVLLM, Firehose
 from tests.metrics import sample, scrape
-from tests.processes import fd_count
+from tests.procfs import fd_count
 from tests.sidecar import StartSidecar, admin_of
 from tests.support import eventually
 

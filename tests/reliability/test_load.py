@@ -20,7 +20,7 @@ import pytest
 
 from tests.fake_vllm import FakeVLLM, Gate
 from tests.metrics import sample, scrape
-from tests.processes import fd_count, rss_bytes
+from tests.procfs import fd_count, rss_bytes
 from tests.sidecar import StartSidecar, admin_of
 from tests.support import eventually, free_port, refuses_connections, wait_http_ok
 

@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestServer
 
 from tests.fake_vllm import FakeVLLM
 from tests.metrics import sample, scrape
-from tests.processes import rss_bytes
+from tests.procfs import rss_bytes
 from tests.sidecar import StartSidecar, admin_of
 from tests.support import eventually
 
