@@ -120,12 +120,11 @@ async def start_sidecar(tmp_path: Path) -> AsyncIterator[StartSidecar]:
     own process group with its log under the test's tmp_path."""
     started: list[SidecarProcess] = []
 
-    async def start(upstream: str, *args: str) -> tuple[Any, str]:
+    async def start(upstream: str, *args: str) -> SidecarProcess:
         process = SidecarProcess.cli(upstream, tmp_path, "--health-interval", "0.1", *args)
         started.append(process)
         await process.start_serving()
-        assert process.proc is not None
-        return process.proc, process.url
+        return process
 
     yield start
     for process in started:

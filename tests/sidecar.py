@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -111,13 +110,7 @@ class SidecarProcess(ManagedProcess):
 
 
 MakeSidecar = Callable[..., Awaitable[Sidecar]]
-StartSidecar = Callable[..., Awaitable[tuple[subprocess.Popen[bytes], str]]]
-
-
-def admin_of(proc: subprocess.Popen[bytes]) -> str:
-    """The admin URL of a sidecar process started with --admin-port."""
-    args = list(proc.args)  # type: ignore[arg-type]
-    return f"http://127.0.0.1:{args[args.index('--admin-port') + 1]}"
+StartSidecar = Callable[..., Awaitable[SidecarProcess]]
 
 
 async def raw_http(client: TestClient[web.Request, web.Application], request: bytes) -> bytes:

@@ -83,7 +83,8 @@ async def test_an_https_upstream_serves_json_and_streams(
     client: str,
 ) -> None:
     monkeypatch.setenv("SSL_CERT_FILE", str(certs / "ca.pem"))
-    _, url = await start_sidecar(https_upstream, "--upstream-client", client)
+    sidecar = await start_sidecar(https_upstream, "--upstream-client", client)
+    url = sidecar.url
     async with aiohttp.ClientSession() as http:
         for _ in range(2):  # the second on the kept TLS connection
             body = {"model": f"org/{MODEL}", "prompt": "hi", "max_tokens": 4}
