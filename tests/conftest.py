@@ -15,11 +15,11 @@ from proxy.client.admin import create_admin_app
 from proxy.config.settings import Settings
 from proxy.wiring import dispatch
 from proxy.wiring.app import create_app
-from tests.e2e._servers import DevVllm, TinyModel, tiny_model_dir
+from tests.e2e.servers import DevVllm, TinyModel, tiny_model_dir
 from tests.fake_vllm import FakeVLLM
 from tests.phoenix import Phoenix, running_phoenix
-from tests.processes import SidecarProcess, running
-from tests.sidecar import MakeSidecar, Sidecar, StartSidecar
+from tests.processes import running
+from tests.sidecar import MakeSidecar, Sidecar, SidecarProcess, StartSidecar
 
 # tests/skyrl04 needs skyrl 0.4, hence Python 3.12: `make test` runs it in .venv-skyrl04.
 collect_ignore = [] if sys.version_info >= (3, 12) else ["skyrl04"]
@@ -123,12 +123,11 @@ async def start_sidecar(tmp_path: Path) -> AsyncIterator[StartSidecar]:
     own process group with its log under the test's tmp_path."""
     started: list[SidecarProcess] = []
 
-    async def start(upstream: str, *args: str) -> tuple[Any, str]:
-        process = SidecarProcess(upstream, tmp_path, "--health-interval", "0.1", *args)
+    async def start(upstream: str, *args: str) -> SidecarProcess:
+        process = SidecarProcess.cli(upstream, tmp_path, "--health-interval", "0.1", *args)
         started.append(process)
         await process.start_serving()
-        assert process.proc is not None
-        return process.proc, process.url
+        return process
 
     yield start
     for process in started:

@@ -1,4 +1,5 @@
-"""Processes the tests start (sidecar, fake or real vLLM, Prometheus), each in its own group.
+"""Processes the tests start (fake or real vLLM, Prometheus; the sidecar's is tests/sidecar.py's
+`SidecarProcess`), each in its own group.
 
 Each process is started in a new session (its own process group), so stopping it reaches every
 child vLLM forks (engine core, worker, resource tracker), and with a parent-death signal, so a
@@ -15,13 +16,13 @@ import ctypes
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from tests.support import free_port, http_status, wait_http_ok, wait_until
+from tests.procfs import group_members
+from tests.support import http_status, wait_http_ok, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,58 +36,6 @@ def _die_with_parent() -> None:
     # Runs in the child between fork and exec. PR_SET_PDEATHSIG fires when the forking *thread*
     # exits, so these processes must be started from the main thread (pytest's fixtures are).
     _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _live() -> Iterator[tuple[int, list[str]]]:
-    """Each live (non-zombie) process: its pid, and the fields of its /proc stat after the
-    parenthesised command (state, ppid, pgrp, ...)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z":
-            yield int(entry.name), fields
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live processes whose process group is `pgid`."""
-    return [pid for pid, fields in _live() if int(fields[2]) == pgid]
-
-
-def children(pid: int) -> list[int]:
-    """Live children of `pid`, in pid order: a supervisor's workers."""
-    return sorted(child for child, fields in _live() if int(fields[1]) == pid)
-
-
-def processes_with_args(*args: str) -> list[int]:
-    """Live processes whose command line holds `args` as consecutive arguments (a zombie's is
-    empty)."""
-    wanted = "\0".join(args).encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            with contextlib.suppress(OSError):
-                cmdline = (entry / "cmdline").read_bytes()
-                if b"\0" + wanted + b"\0" in b"\0" + cmdline:
-                    found.append(int(entry.name))
-    return found
-
-
-def fd_count(pid: int) -> int:
-    """Open file descriptors of a process."""
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def rss_bytes(pid: int) -> int:
-    """Resident memory of a process, from /proc/<pid>/status."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for pid {pid}")
 
 
 def _shm_inodes(pids: Sequence[int]) -> set[int]:
@@ -134,6 +83,21 @@ class ManagedProcess:
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, f"{self!r} was never started"
+        return self.proc.pid
+
+    def send_signal(self, sig: signal.Signals) -> None:
+        """Signal the process alone (a supervisor drains its workers itself), not its group."""
+        assert self.proc is not None, f"{self!r} was never started"
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout_s: float) -> int:
+        """Its exit status, once it has exited; TimeoutExpired after `timeout_s`."""
+        assert self.proc is not None, f"{self!r} was never started"
+        return self.proc.wait(timeout_s)
 
     def start(self) -> None:
         """Start the process; subclasses also wait here until it serves."""
@@ -229,6 +193,13 @@ def _stop_leftovers() -> None:
         process.kill()
 
 
+def spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> ManagedProcess:
+    """Start `args` in its own process group, output to `log`, environment on top of ours."""
+    process = ManagedProcess(Path(args[0]).name, args, {**os.environ, **(env or {})}, log)
+    process.spawn()
+    return process
+
+
 P = TypeVar("P", bound=ManagedProcess)
 
 
@@ -240,44 +211,3 @@ def running(process: P) -> Iterator[P]:
         yield process
     finally:
         process.stop()
-
-
-class SidecarProcess(ManagedProcess):
-    """The sidecar, started through its CLI (`python -m proxy`) in the test venv."""
-
-    def __init__(self, upstream_url: str, run_dir: Path, *extra_args: str) -> None:
-        self.port = free_port()
-        self.admin_port = free_port()
-        argv = [
-            os.environ.get("SIDECAR_PYTHON", sys.executable),
-            "-m",
-            "proxy",
-            "--upstream-url",
-            upstream_url,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--admin-port",
-            str(self.admin_port),
-            *extra_args,
-        ]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_SIDECAR_")}
-        super().__init__("sidecar", argv, env, run_dir / f"sidecar-{self.port}.log")
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def admin_url(self) -> str:
-        return f"http://127.0.0.1:{self.admin_port}"
-
-    def start(self) -> None:
-        self.spawn()
-        self.wait_until(f"{self.admin_url}/readyz", deadline_s=60)
-
-    async def start_serving(self) -> None:
-        """Start, and wait for readiness without blocking the loop the upstream may run in."""
-        self.spawn()
-        await self.serving(f"{self.admin_url}/readyz", deadline_s=60)

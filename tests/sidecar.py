@@ -1,13 +1,16 @@
-"""The sidecar under test in-process (`make_sidecar`) or as a process (`start_sidecar`), and what
-the tests read from it: metrics, raw responses, the error envelope."""
+"""The sidecar under test in-process (`make_sidecar`) or as a process (`SidecarProcess`, what
+`start_sidecar` returns), and what the tests read from it: metrics, raw responses, the error
+envelope."""
 
 from __future__ import annotations
 
 import asyncio
-import subprocess
-from collections.abc import Awaitable, Callable
+import os
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Self
 
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient
@@ -15,7 +18,8 @@ from prometheus_client import CollectorRegistry
 
 from proxy.upstream.discovery import DISCOVERY
 from tests.metrics import metric_value, require_metric
-from tests.support import eventually
+from tests.processes import ManagedProcess
+from tests.support import eventually, free_port
 
 COMPLETION = {"model": "org/tiny-model", "prompt": [[1, 2]]}
 
@@ -47,14 +51,66 @@ class Sidecar:
         await eventually(lambda: discovery.readiness()[0], "the sidecar is ready", within, 0.01)
 
 
+class SidecarProcess(ManagedProcess):
+    """A sidecar running as a process, its proxy port and admin port on loopback: started from
+    its CLI (`cli`), the console script as deployed (tests/deploy), the image's entrypoint under
+    buildah (tests/image)."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        log_path: Path,
+        *,
+        port: int,
+        admin_port: int,
+    ) -> None:
+        super().__init__(name, argv, env, log_path)
+        self.port, self.admin_port = port, admin_port
+
+    @classmethod
+    def cli(cls, upstream_url: str, run_dir: Path, *extra_args: str) -> Self:
+        """`python -m proxy` in the test venv (or $SIDECAR_PYTHON), on free ports."""
+        port, admin_port = free_port(), free_port()
+        argv = [
+            os.environ.get("SIDECAR_PYTHON", sys.executable),
+            "-m",
+            "proxy",
+            "--upstream-url",
+            upstream_url,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--admin-port",
+            str(admin_port),
+            *extra_args,
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_SIDECAR_")}
+        log = run_dir / f"sidecar-{port}.log"
+        return cls("sidecar", argv, env, log, port=port, admin_port=admin_port)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def start(self) -> None:
+        self.spawn()
+        self.wait_until(f"{self.admin_url}/readyz", deadline_s=60)
+
+    async def start_serving(self) -> None:
+        """Start, and wait for readiness without blocking the loop the upstream may run in."""
+        self.spawn()
+        await self.serving(f"{self.admin_url}/readyz", deadline_s=60)
+
+
 MakeSidecar = Callable[..., Awaitable[Sidecar]]
-StartSidecar = Callable[..., Awaitable[tuple[subprocess.Popen[bytes], str]]]
-
-
-def admin_of(proc: subprocess.Popen[bytes]) -> str:
-    """The admin URL of a sidecar process started with --admin-port."""
-    args = list(proc.args)  # type: ignore[arg-type]
-    return f"http://127.0.0.1:{args[args.index('--admin-port') + 1]}"
+StartSidecar = Callable[..., Awaitable[SidecarProcess]]
 
 
 async def raw_http(client: TestClient[web.Request, web.Application], request: bytes) -> bytes:

@@ -15,7 +15,8 @@ def json_values(*, size: int = 4, leaves: int = 20) -> st.SearchStrategy[Any]:
         | st.integers()
         | st.floats(allow_nan=False, allow_infinity=False)
         | st.text(),
-        lambda inner: st.lists(inner, max_size=size)
-        | st.dictionaries(st.text(), inner, max_size=size),
+        lambda inner: (
+            st.lists(inner, max_size=size) | st.dictionaries(st.text(), inner, max_size=size)
+        ),
         max_leaves=leaves,
     )

@@ -118,6 +118,15 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
         return None
 
 
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    """A GET's status and body, an error status's included."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
 async def refuses_connections(url: str) -> bool:
     """Whether nothing listens at `url` any more (a server that closed its listener)."""
     try:

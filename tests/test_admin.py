@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.client.drain import IN_FLIGHT
 from proxy.upstream.discovery import DISCOVERY
 from tests.fake_vllm import FakeVLLM, respond
-from tests.sidecar import COMPLETION, MakeSidecar, Sidecar, StartSidecar, admin_of
+from tests.sidecar import COMPLETION, MakeSidecar, Sidecar, StartSidecar
 from tests.support import eventually, free_port, own_address
 
 
@@ -149,10 +149,11 @@ async def test_with_a_token_drain_from_outside_needs_it(
 ) -> None:
     """The admin port listens on the pod's IP (for Prometheus): one POST from anyone who reaches
     it would otherwise take the pod out of service until it restarts."""
-    proc, url = await start_sidecar(
+    proc = await start_sidecar(
         str(upstream.make_url("")), "--admin-host", "0.0.0.0", "--control-token", "T0KEN"
     )
-    port = admin_of(proc).rsplit(":", 1)[1]
+    url = proc.url
+    port = proc.admin_url.rsplit(":", 1)[1]
     outside = f"http://{own_address()}:{port}"
     async with aiohttp.ClientSession() as session:
         for auth in (None, "Bearer wrong", "T0KEN", "Basic T0KEN"):
@@ -182,10 +183,10 @@ async def test_with_a_token_a_loopback_peer_needs_it_too(
     """Behind a service mesh every inbound connection comes from loopback (Linkerd's proxy
     connects from 127.0.0.1, Istio's from 127.0.0.6): there loopback is anyone who reaches the
     pod, so the token is what counts. The pod's preStop sends it (tests/test_drain.py)."""
-    proc, _ = await start_sidecar(
+    proc = await start_sidecar(
         str(upstream.make_url("")), "--admin-host", "0.0.0.0", "--control-token", "T0KEN"
     )
-    admin = admin_of(proc)
+    admin = proc.admin_url
     peers = ["127.0.0.1", "127.0.0.6"]
     for peer in peers:
         async with aiohttp.ClientSession(connector=_from(peer)) as session:
@@ -217,8 +218,8 @@ async def test_without_a_token_drain_is_taken_from_loopback_only(
 ) -> None:
     """No token configured: the pod's preStop (127.0.0.1, deploy/kubernetes/deployment.yaml)
     drains with none; a peer at the pod's IP is refused, whatever it sends."""
-    proc, _ = await start_sidecar(str(upstream.make_url("")), "--admin-host", "0.0.0.0")
-    port = admin_of(proc).rsplit(":", 1)[1]
+    proc = await start_sidecar(str(upstream.make_url("")), "--admin-host", "0.0.0.0")
+    port = proc.admin_url.rsplit(":", 1)[1]
     async with aiohttp.ClientSession() as session:
         async with session.post(
             f"http://{own_address()}:{port}/drain", headers={"Authorization": "Bearer T0KEN"}
@@ -226,10 +227,10 @@ async def test_without_a_token_drain_is_taken_from_loopback_only(
             assert resp.status == 401
             error = (await resp.json())["error"]
             assert "only from a loopback peer" in error["message"]
-        async with session.get(admin_of(proc) + "/readyz") as ready:
+        async with session.get(proc.admin_url + "/readyz") as ready:
             assert ready.status == 200
-        async with session.post(admin_of(proc) + "/drain") as resp:
+        async with session.post(proc.admin_url + "/drain") as resp:
             assert resp.status == 200
             assert await resp.json() == {"draining": True, "in_flight": 0}
-        async with session.get(admin_of(proc) + "/readyz") as ready:
+        async with session.get(proc.admin_url + "/readyz") as ready:
             assert ready.status == 503

@@ -6,7 +6,8 @@ import subprocess
 import sys
 import uuid
 
-from tests.processes import ROOT, processes_with_args
+from tests.processes import ROOT
+from tests.procfs import processes_with_args
 
 # The demo's own traps, and a DEBUG trap that sends the script a TERM just before it writes down
 # the pid of what it started: the moment a signal lands, under load, when `cmd &` has returned

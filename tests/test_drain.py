@@ -16,7 +16,7 @@ import yaml
 from aiohttp.test_utils import TestServer
 
 from tests.fake_vllm import FakeVLLM, hang, respond, slow, sse_forever
-from tests.sidecar import COMPLETION, StartSidecar, admin_of
+from tests.sidecar import COMPLETION, StartSidecar
 from tests.sse import read_events
 from tests.support import eventually, refuses_connections
 
@@ -26,7 +26,8 @@ DEPLOYMENT = Path(__file__).parent.parent / "deploy" / "kubernetes" / "deploymen
 async def test_keep_alive_connections_take_no_new_request_after_sigterm(
     upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
 ) -> None:
-    proc, url = await start_sidecar(str(upstream.make_url("")), "--shutdown-grace", "10")
+    proc = await start_sidecar(str(upstream.make_url("")), "--shutdown-grace", "10")
+    url = proc.url
     fake.script("POST /v1/completions", sse_forever(delay=0.1))  # keeps the drain going
     fake.script("POST /v1/chat/completions", slow(1.0, respond(200, b"{}")))
     host, port = url.removeprefix("http://").split(":")
@@ -51,7 +52,8 @@ async def test_keep_alive_connections_take_no_new_request_after_sigterm(
 async def test_sigterm_lets_in_flight_streams_finish(
     upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
 ) -> None:
-    proc, url = await start_sidecar(str(upstream.make_url("")), "--shutdown-grace", "10")
+    proc = await start_sidecar(str(upstream.make_url("")), "--shutdown-grace", "10")
+    url = proc.url
     fake.stream_events, fake.stream_delay = 10, 0.1
     async with aiohttp.ClientSession() as session:
         async with session.post(
@@ -70,7 +72,8 @@ async def test_sigterm_lets_in_flight_streams_finish(
 async def test_streams_past_the_grace_period_end_with_an_error_event(
     upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
 ) -> None:
-    proc, url = await start_sidecar(str(upstream.make_url("")), "--shutdown-grace", "0.5")
+    proc = await start_sidecar(str(upstream.make_url("")), "--shutdown-grace", "0.5")
+    url = proc.url
     fake.script("POST /v1/completions", sse_forever())
     async with aiohttp.ClientSession() as session:
         async with session.post(
@@ -89,7 +92,8 @@ async def test_streams_past_the_grace_period_end_with_an_error_event(
 async def test_request_still_running_at_the_deadline_gets_the_503_envelope(
     upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
 ) -> None:
-    proc, url = await start_sidecar(str(upstream.make_url("")), "--shutdown-grace", "0.5")
+    proc = await start_sidecar(str(upstream.make_url("")), "--shutdown-grace", "0.5")
+    url = proc.url
     fake.script("POST /v1/completions", hang())
     async with aiohttp.ClientSession() as session:
         request = asyncio.create_task(session.post(f"{url}/v1/completions", json=COMPLETION))
@@ -131,12 +135,13 @@ async def test_pre_stop_drains_through_the_sidecar_before_vllm_stops(
     meshed pod must (tests/test_admin.py): the hook sends it. Without the Secret, the pod sets
     no variable and the hook drains from loopback with none."""
     settings = ("--control-token", token) if token else ()
-    proc, url = await start_sidecar(str(upstream.make_url("")), "--shutdown-grace", "20", *settings)
+    proc = await start_sidecar(str(upstream.make_url("")), "--shutdown-grace", "20", *settings)
+    url = proc.url
     fake.stream_events, fake.stream_delay = 10, 0.2  # a 2 s stream, started before the preStop
     command, variable = _pre_stop()
     env = {k: v for k, v in os.environ.items() if k != variable}
     env |= {variable: token} if token else {}
-    env |= {"SIDECAR_DRAIN_DELAY": "0", "SIDECAR_ADMIN_URL": admin_of(proc)}
+    env |= {"SIDECAR_DRAIN_DELAY": "0", "SIDECAR_ADMIN_URL": proc.admin_url}
     async with aiohttp.ClientSession() as session:
         async with session.post(
             f"{url}/v1/completions", json={**COMPLETION, "stream": True}
@@ -146,7 +151,7 @@ async def test_pre_stop_drains_through_the_sidecar_before_vllm_stops(
 
             async def unready() -> bool:
                 assert hook.returncode is None, "the preStop hook failed: not drained"
-                async with session.get(f"{admin_of(proc)}/readyz") as ready:
+                async with session.get(f"{proc.admin_url}/readyz") as ready:
                     return ready.status == 503
 
             await eventually(unready, "the endpoints drop the pod")

@@ -18,8 +18,7 @@ import pytest
 from aiohttp import web
 
 from tests.fake_vllm import FakeVLLM
-from tests.processes import SidecarProcess
-from tests.sidecar import StartSidecar, assert_envelope
+from tests.sidecar import SidecarProcess, StartSidecar, assert_envelope
 from tests.support import free_port
 
 CLIENTS = ["lean", "aiohttp"]
@@ -84,7 +83,8 @@ async def test_an_https_upstream_serves_json_and_streams(
     client: str,
 ) -> None:
     monkeypatch.setenv("SSL_CERT_FILE", str(certs / "ca.pem"))
-    _, url = await start_sidecar(https_upstream, "--upstream-client", client)
+    sidecar = await start_sidecar(https_upstream, "--upstream-client", client)
+    url = sidecar.url
     async with aiohttp.ClientSession() as http:
         for _ in range(2):  # the second on the kept TLS connection
             body = {"model": f"org/{MODEL}", "prompt": "hi", "max_tokens": 4}
@@ -117,7 +117,7 @@ async def test_an_untrusted_certificate_is_an_envelope_that_says_so(
     monkeypatch.setenv("SSL_CERT_FILE", str(empty))
     served = ("--served-model-names", MODEL)  # discovery cannot read it
     args = ("--upstream-client", client, *served)
-    sidecar = SidecarProcess(https_upstream, tmp_path, *args)  # never ready: alive is enough
+    sidecar = SidecarProcess.cli(https_upstream, tmp_path, *args)  # never ready: alive is enough
     sidecar.spawn()
     try:
         await sidecar.serving(f"{sidecar.admin_url}/livez", deadline_s=60)

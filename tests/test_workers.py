@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import glob
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,30 +19,19 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fake_vllm import FakeVLLM, hang
-from tests.support import eventually, free_port, refuses_connections, wait_http_ok
+from tests.procfs import children
+from tests.sidecar import SidecarProcess
+from tests.support import eventually, refuses_connections, wait_http_ok
 
 COMPLETIONS = ("vllm_sidecar_requests_total", "POST", "/v1/completions", "200")
 
 
-@dataclass
-class Pod:
-    proc: subprocess.Popen[bytes]
-    url: str
-    admin: str
-    log: Path
+class Pod(SidecarProcess):
+    """The sidecar with `--workers 2`: a supervisor and its workers."""
 
     def workers(self) -> list[int]:
         """The supervisor's live children, from /proc."""
-        found = []
-        for stat in glob.glob("/proc/[0-9]*/stat"):
-            try:
-                raw = Path(stat).read_text()
-            except OSError:
-                continue
-            fields = raw[raw.rindex(")") + 2 :].split()
-            if int(fields[1]) == self.proc.pid and fields[0] != "Z":
-                found.append(int(stat.split("/")[2]))
-        return sorted(found)
+        return children(self.pid)
 
     def metrics_dir(self) -> str:
         worker = self.workers()[0]
@@ -56,7 +41,7 @@ class Pod:
 
     async def metric(self, name: str, **labels: str) -> float | None:
         async with aiohttp.ClientSession() as session:
-            async with session.get(self.admin + "/metrics") as resp:
+            async with session.get(self.admin_url + "/metrics") as resp:
                 text = await resp.text()
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -65,17 +50,14 @@ class Pod:
         return None
 
 
-def start_pod(upstream: str, log: Path, *extra: str) -> Pod:
-    port, admin = free_port(), free_port()
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy", "--upstream-url", upstream,
-             "--host", "127.0.0.1", "--port", str(port), "--admin-port", str(admin),
-             "--health-interval", "0.1", "--miss-refresh-interval", "0", "--workers", "2",
-             "--shutdown-grace", "10", *extra],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    return Pod(proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}", log)
+def start_pod(upstream: str, run_dir: Path, *extra: str) -> Pod:
+    pod = Pod.cli(
+        upstream, run_dir,
+        "--health-interval", "0.1", "--miss-refresh-interval", "0", "--workers", "2",
+        "--shutdown-grace", "10", *extra,
+    )  # fmt: skip
+    pod.spawn()
+    return pod
 
 
 def running(pids: list[int]) -> list[int]:
@@ -90,21 +72,19 @@ async def pod(upstream: TestServer, tmp_path: Path) -> AsyncIterator[Pod]:
 
 @contextlib.asynccontextmanager
 async def running_pod(upstream: TestServer, tmp_path: Path, *extra: str) -> AsyncIterator[Pod]:
-    pod = start_pod(str(upstream.make_url("")), tmp_path / "sidecar.log", *extra)
-    proc = pod.proc
+    pod = start_pod(str(upstream.make_url("")), tmp_path, *extra)
     try:
-        await wait_http_ok(pod.admin + "/readyz")
+        await wait_http_ok(pod.admin_url + "/readyz")
         await eventually(lambda: len(pod.workers()) == 2)
         await eventually_metric(pod, "vllm_sidecar_workers", 2)  # both listen
         yield pod
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+        if pod.running:
+            pod.send_signal(signal.SIGTERM)
         try:
-            await asyncio.to_thread(proc.wait, 20)
+            await asyncio.to_thread(pod.wait, 20)
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+            pod.kill()
 
 
 async def complete(url: str, model: str = "tiny-model", **extra: object) -> aiohttp.ClientResponse:
@@ -170,7 +150,7 @@ def requests_in(db: str) -> float:
 async def test_traffic_reaches_both_workers_and_metrics_sum_exactly(pod: Pod) -> None:
     workers = pod.workers()
     assert len(workers) == 2
-    assert pod.proc.pid not in workers
+    assert pod.pid not in workers
     k = 40
     statuses = [(await complete(pod.url)).status for _ in range(k)]
     assert statuses == [200] * k
@@ -197,7 +177,7 @@ async def test_an_unknown_name_is_looked_up_once_for_the_whole_pod(
     assert [r.json()["model"] for r in fake.requests if r.method == "POST"] == ["new-model"] * 10
     assert fake.forwarded("/v1/models") == reads + 1
     async with aiohttp.ClientSession() as session:
-        async with session.get(pod.admin + "/models") as resp:
+        async with session.get(pod.admin_url + "/models") as resp:
             served = [m["id"] for m in (await resp.json())["served"]]
     assert served == ["tiny-model", "new-model"]
 
@@ -206,18 +186,18 @@ async def test_sigterm_drains_every_worker(pod: Pod, fake: FakeVLLM) -> None:
     async with aiohttp.ClientSession() as session:
         async with a_stream(pod, fake, session) as resp:
             workers = pod.workers()
-            pod.proc.send_signal(signal.SIGTERM)
+            pod.send_signal(signal.SIGTERM)
             await eventually(lambda: refuses_connections(pod.url), "no worker listens")
             for _ in range(4):  # whichever worker the kernel would pick: none listens
                 with pytest.raises(aiohttp.ClientConnectorError):
                     await complete(pod.url)
-            async with session.get(pod.admin + "/readyz") as ready:
+            async with session.get(pod.admin_url + "/readyz") as ready:
                 assert ready.status == 503
                 assert (await ready.json())["reason"] == "draining"
             events = [e for e in (await resp.text()).split("\n\n") if e]
     assert events[-1] == "data: [DONE]"
     assert len(events) == 10  # nine after the first, then [DONE]
-    assert await asyncio.to_thread(pod.proc.wait, 20) == 0
+    assert await asyncio.to_thread(pod.wait, 20) == 0
     assert running(workers) == []
 
 
@@ -231,13 +211,13 @@ async def test_a_killed_worker_is_replaced_counted_and_logged(pod: Pod) -> None:
     await eventually_metric(pod, "vllm_sidecar_workers", 2)  # it binds a moment after it starts
     statuses = [(await complete(pod.url)).status for _ in range(10)]
     assert statuses == [200] * 10
-    assert f"(pid {victim}) exited with SIGKILL" in pod.log.read_text()
+    assert f"(pid {victim}) exited with SIGKILL" in pod.log_path.read_text()
 
 
 async def test_workers_stop_when_their_supervisor_is_killed(pod: Pod) -> None:
     workers = pod.workers()
-    os.kill(pod.proc.pid, signal.SIGKILL)
-    await asyncio.to_thread(pod.proc.wait, 10)
+    os.kill(pod.pid, signal.SIGKILL)
+    await asyncio.to_thread(pod.wait, 10)
     # No orphan keeps the port: each worker sees its socket to the supervisor close, and drains.
     await eventually(lambda: running(workers) == [])
     with pytest.raises(aiohttp.ClientConnectorError):
@@ -298,10 +278,10 @@ async def test_a_weight_update_holds_every_worker_and_one_version_is_stamped(
 async def test_admin_drain_drains_every_worker(pod: Pod, fake: FakeVLLM) -> None:
     async with aiohttp.ClientSession() as session:
         async with a_stream(pod, fake, session) as resp:
-            drain = asyncio.create_task(session.post(pod.admin + "/drain"))
+            drain = asyncio.create_task(session.post(pod.admin_url + "/drain"))
 
             async def unready() -> bool:
-                async with session.get(pod.admin + "/readyz") as ready:
+                async with session.get(pod.admin_url + "/readyz") as ready:
                     return ready.status == 503
 
             await eventually(unready, "the drain began")
@@ -309,7 +289,7 @@ async def test_admin_drain_drains_every_worker(pod: Pod, fake: FakeVLLM) -> None
             # Whichever worker the kernel picks: it takes no new request.
             refused = [await complete(pod.url) for _ in range(8)]
             assert {r.status for r in refused} == {503}
-            async with session.get(pod.admin + "/readyz") as ready:
+            async with session.get(pod.admin_url + "/readyz") as ready:
                 assert ready.status == 503
             events = [e for e in (await resp.text()).split("\n\n") if e]
         answer = await drain
@@ -317,12 +297,12 @@ async def test_admin_drain_drains_every_worker(pod: Pod, fake: FakeVLLM) -> None
         assert await answer.json() == {"draining": True, "in_flight": 0}
     assert events[-1] == "data: [DONE]"
     assert len(events) == 10
-    assert pod.proc.poll() is None  # drained, not stopped: SIGTERM comes later
+    assert pod.running  # drained, not stopped: SIGTERM comes later
 
 
 async def admin_text(pod: Pod, path: str) -> str:
     async with aiohttp.ClientSession() as session:
-        async with session.get(pod.admin + path) as resp:
+        async with session.get(pod.admin_url + path) as resp:
             return await resp.text()
 
 

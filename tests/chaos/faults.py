@@ -10,7 +10,7 @@ import signal
 from dataclasses import dataclass, field
 
 from tests.metrics import scrape
-from tests.processes import children
+from tests.procfs import children
 from tests.support import eventually
 
 from .clients import Clients

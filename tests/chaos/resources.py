@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tests.processes import children
+from tests.procfs import children
 from tests.support import eventually
 
 from .checks import Check

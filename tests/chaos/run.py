@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.metrics import Samples, scrape
-from tests.processes import SidecarProcess, children
+from tests.procfs import children
+from tests.sidecar import SidecarProcess
 from tests.support import eventually, free_port
 
 from . import checks, counts
@@ -75,7 +76,7 @@ async def run(config: Config) -> Report:
     ledger = Ledger(out / "ledger.jsonl")
     fake = ChaosVLLM(seed=config.seed, port=free_port())
     await fake.start()
-    pod = SidecarProcess(f"http://127.0.0.1:{fake.port}", out, *POD_ARGS)
+    pod = SidecarProcess.cli(f"http://127.0.0.1:{fake.port}", out, *POD_ARGS)
     clients = Clients(pod.url, ledger, random.Random(rng.random()))
     try:
         await pod.start_serving()

@@ -7,10 +7,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.processes import ManagedProcess
+from tests.processes import spawn
+from tests.sidecar import SidecarProcess
 from tests.support import free_port
 
-from ._processes import ROOT, SERVED, Stack, spawn, start_sidecar
+from .stack import ROOT, SERVED, Stack, start_sidecar
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +32,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         ],
         logs / "fake-vllm.log",
     )
-    sidecar: ManagedProcess | None = None
+    sidecar: SidecarProcess | None = None
     try:
         sidecar, env = start_sidecar(vllm_port, logs)
-        admin_port = int(env["VLLM_SIDECAR_ADMIN_PORT"])
-        sidecar.wait_until(f"http://127.0.0.1:{admin_port}/readyz", deadline_s=30)
-        yield Stack(vllm_port, int(env["VLLM_SIDECAR_PORT"]), admin_port, vllm, sidecar, env)
+        sidecar.wait_until(f"{sidecar.admin_url}/readyz", deadline_s=30)
+        yield Stack(vllm_port, vllm, sidecar, env)
     finally:
         if sidecar is not None:
             sidecar.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ._promtool import annotations, promtool_test
+from .promtool import annotations, promtool_test
 
 LABELS = 'job="vllm-sidecar",instance="pod:8081"'
 

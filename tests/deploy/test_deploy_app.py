@@ -16,10 +16,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config.settings import Settings
-from tests.support import free_port
+from tests.support import free_port, http_get
 
-from ._processes import Stack, http_get, start_sidecar
-from ._support import (
+from .files import (
     DOCKERFILE,
     KUBERNETES,
     REPO,
@@ -32,6 +31,7 @@ from ._support import (
     run,
     tool,
 )
+from .stack import Stack, start_sidecar
 
 # Series Prometheus adds to every scrape itself; not the app's to export.
 PROMETHEUS_SERIES = {"up"}
@@ -50,7 +50,7 @@ SAMPLE_SUFFIXES = {
 def exported_series(stack: Stack) -> set[str]:
     """Every series name the live /metrics can carry, from its metric families (HELP/TYPE lines
     are written even for a labelled metric that has no sample yet)."""
-    status, body = http_get(stack.admin_url + "/metrics")
+    status, body = http_get(stack.sidecar.admin_url + "/metrics")
     assert status == 200
     names = set()
     for family in text_string_to_metric_families(body.decode()):
@@ -114,12 +114,12 @@ def test_live_metrics_pass_promtool_check_metrics(stack: Stack) -> None:
     request = b'{"model": "Qwen/Qwen2.5-0.5B-Instruct", "prompt": "hi", "max_tokens": 2}'
     with urllib.request.urlopen(
         urllib.request.Request(
-            stack.url + "/v1/completions", request, {"Content-Type": "application/json"}
+            stack.sidecar.url + "/v1/completions", request, {"Content-Type": "application/json"}
         ),
         timeout=10,
     ) as response:
         assert response.status == 200
-    status, body = http_get(stack.admin_url + "/metrics")
+    status, body = http_get(stack.sidecar.admin_url + "/metrics")
     assert status == 200
     assert (
         b'vllm_sidecar_requests_total{method="POST",route="/v1/completions",status="200"}' in body
@@ -157,7 +157,7 @@ def test_probes_name_admin_endpoints_the_running_sidecar_serves(stack: Stack) ->
         action = sidecar[probe]["httpGet"]
         # The probe's port is the admin port the sidecar's own settings give it.
         assert ports[action["port"]] == settings.admin_port, probe
-        status, _ = http_get(stack.admin_url + action["path"])
+        status, _ = http_get(stack.sidecar.admin_url + action["path"])
         assert status == 200, f"{probe} {action['path']} answered {status}"
     assert ports["http"] == settings.port
 
@@ -180,7 +180,7 @@ def test_liveness_never_depends_on_vllm(tmp_path: Path) -> None:
     # /readyz must not.
     sidecar, env = start_sidecar(free_port(), tmp_path)
     try:
-        admin = f"http://127.0.0.1:{env['VLLM_SIDECAR_ADMIN_PORT']}"
+        admin = sidecar.admin_url
         assert http_get(admin + "/livez")[0] == 200
         status, body = http_get(admin + "/readyz")
         assert status == 503, body
@@ -201,7 +201,7 @@ def healthcheck(admin_port: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_image_healthcheck_passes_on_a_live_sidecar_and_fails_without_one(stack: Stack) -> None:
-    assert healthcheck(str(stack.admin_port)).returncode == 0
+    assert healthcheck(str(stack.sidecar.admin_port)).returncode == 0
     assert healthcheck(str(free_port())).returncode != 0
 
 

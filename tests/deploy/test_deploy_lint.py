@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ._support import (
+from .files import (
     ALERTS,
     COMPOSE,
     DOCKERFILE,

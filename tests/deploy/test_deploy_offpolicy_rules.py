@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ._promtool import annotations, promtool_test
-from ._support import dashboard, dashboard_panels, substitute
+from .files import dashboard, dashboard_panels, substitute
+from .promtool import annotations, promtool_test
 
 JOB = "vllm-sidecar"
 POD_SHARE = "instance:vllm_sidecar_offpolicy_token_share:ratio_rate5m"

@@ -14,11 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.processes import ManagedProcess
-from tests.support import free_port, wait_until
+from tests.processes import ManagedProcess, spawn
+from tests.support import free_port, http_get, wait_until
 
-from ._processes import SERVED, Stack, http_get, spawn
-from ._support import (
+from .files import (
     ALERTS,
     SCRAPE_CONFIG,
     alert_rules,
@@ -27,6 +26,7 @@ from ._support import (
     substitute,
     tool,
 )
+from .stack import SERVED, Stack
 
 
 @dataclass
@@ -56,7 +56,7 @@ def scrape_config_for(stack: Stack) -> dict[str, Any]:
     """The shipped scrape config with the test's ports in place of compose's service names."""
     config: dict[str, Any] = yaml.safe_load(SCRAPE_CONFIG.read_text())
     targets = {
-        "sidecar:8081": f"127.0.0.1:{stack.admin_port}",
+        "sidecar:8081": f"127.0.0.1:{stack.sidecar.admin_port}",
         "vllm:8000": f"127.0.0.1:{stack.vllm_port}",
     }
     for job in config["scrape_configs"]:
@@ -95,7 +95,7 @@ def prometheus(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 def post(stack: Stack, path: str, payload: dict[str, Any]) -> tuple[int, bytes]:
     request = urllib.request.Request(
-        stack.url + path, json.dumps(payload).encode(), {"Content-Type": "application/json"}
+        stack.sidecar.url + path, json.dumps(payload).encode(), {"Content-Type": "application/json"}
     )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
@@ -134,7 +134,7 @@ def test_fleet_panels_show_each_pods_phase_and_version(
     wait_until(
         lambda: bool(prometheus.query("vllm_sidecar_weight_version_info")), "a weight version"
     )
-    instance = f"127.0.0.1:{stack.admin_port}"
+    instance = f"127.0.0.1:{stack.sidecar.admin_port}"
     # One row per pod, its phase as the value mappings' number: 0 is serving, and not long.
     for title in ("Phase by pod", "Long phases"):
         [series] = prometheus.query(panel_query(title))

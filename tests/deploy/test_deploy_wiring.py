@@ -20,7 +20,7 @@ from proxy.config.settings import Settings
 from proxy.core.phase import PHASES, SERVING
 from proxy.wiring.tracing import ENV as TRACES_ENDPOINT
 
-from ._support import (
+from .files import (
     COMPOSE,
     DASHBOARD,
     DEPLOY,

@@ -19,7 +19,8 @@ from typing import TypeVar
 from tests.differential.upstream import Upstream
 from tests.differential.wire import WAIT
 from tests.metrics import scrape
-from tests.processes import ManagedProcess, SidecarProcess
+from tests.processes import ManagedProcess
+from tests.sidecar import SidecarProcess
 from tests.support import eventually, free_port, http_status
 
 T = TypeVar("T")
@@ -62,24 +63,23 @@ http {{
 """
 
 
-class SidecarHop(SidecarProcess):
+def sidecar_hop(client: str, upstream: str, run_dir: Path, source: Path | None) -> SidecarProcess:
     """`python -m proxy` on one upstream client, its background reads as rare as they go: the
     upstream sees the cases' requests and little else. `source` runs another checkout's
     `proxy/` (an older commit's, to see a fixed defect found again)."""
-
-    def __init__(self, client: str, upstream: str, run_dir: Path, source: Path | None) -> None:
-        super().__init__(
-            upstream,
-            run_dir,
-            *("--upstream-client", client, "--served-model-names", "tiny-model"),
-            *("--health-interval", "3600", "--discovery-interval", "3600"),
-            *("--read-timeout", "5", "--shutdown-grace", "1", "--no-access-log"),
-            *("--log-level", "warning"),
-        )
-        self.name = f"sidecar-{client}"
-        if source is not None:  # -P: not the working directory's proxy/, PYTHONPATH's
-            self.argv.insert(1, "-P")
-            self.env["PYTHONPATH"] = str(source)
+    hop = SidecarProcess.cli(
+        upstream,
+        run_dir,
+        *("--upstream-client", client, "--served-model-names", "tiny-model"),
+        *("--health-interval", "3600", "--discovery-interval", "3600"),
+        *("--read-timeout", "5", "--shutdown-grace", "1", "--no-access-log"),
+        *("--log-level", "warning"),
+    )
+    hop.name = f"sidecar-{client}"
+    if source is not None:  # -P: not the working directory's proxy/, PYTHONPATH's
+        hop.argv.insert(1, "-P")
+        hop.env["PYTHONPATH"] = str(source)
+    return hop
 
 
 class NginxHop(ManagedProcess):
@@ -118,7 +118,7 @@ class Peers:
         url = f"http://127.0.0.1:{self.upstream.port}"
         try:
             for client in SIDECARS:
-                self._start(client, SidecarHop(client, url, run_dir, source))
+                self._start(client, sidecar_hop(client, url, run_dir, source))
             if nginx and shutil.which("nginx", path="/usr/sbin:/usr/bin:/bin"):
                 self._start("nginx", NginxHop(self.upstream.port, run_dir))
         except BaseException:
@@ -141,12 +141,12 @@ class Peers:
         process = self.processes[hop]
 
         async def in_flight() -> bool:
-            assert isinstance(process, SidecarHop)
+            assert isinstance(process, SidecarProcess)
             metrics = await scrape(process.admin_url)
             return metrics.total("vllm_sidecar_in_flight_requests", {}) > 0
 
         async def read() -> None:
-            if isinstance(process, SidecarHop):
+            if isinstance(process, SidecarProcess):
                 await eventually(in_flight, f"{hop} reads the request's head", WAIT)
 
         return read

@@ -16,8 +16,9 @@ import aiohttp
 import pytest
 
 from tests.processes import ROOT, running
+from tests.sidecar import SidecarProcess
 
-from ._servers import VLLM_VENV, DevVllm, SidecarProcess, TinyModel, VllmServer
+from .servers import VLLM_VENV, DevVllm, TinyModel, VllmServer
 
 
 @pytest.fixture(scope="session")
@@ -57,7 +58,7 @@ def sidecar(
     vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SidecarProcess]:
     """The sidecar in front of the shared vLLM, started through its CLI."""
-    with running(SidecarProcess(vllm_server.url, tmp_path_factory.mktemp("sidecar"))) as proc:
+    with running(SidecarProcess.cli(vllm_server.url, tmp_path_factory.mktemp("sidecar"))) as proc:
         yield proc
 
 

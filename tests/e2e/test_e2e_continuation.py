@@ -21,11 +21,12 @@ import orjson
 import pytest
 from openai import OpenAI
 
+from tests.metrics import metric
 from tests.processes import running
+from tests.sidecar import SidecarProcess
 from tests.support import eventually
 
-from ._servers import DevVllm, SidecarProcess, TinyModel, VllmServer
-from ._support import metric
+from .servers import DevVllm, TinyModel, VllmServer
 
 pytestmark = pytest.mark.vllm
 
@@ -49,7 +50,9 @@ def continuing(
     vllm: VllmServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SidecarProcess]:
     args = ("--continue-aborted", "--health-interval", "0.5")
-    with running(SidecarProcess(vllm.url, tmp_path_factory.mktemp("continuing"), *args)) as proc:
+    with running(
+        SidecarProcess.cli(vllm.url, tmp_path_factory.mktemp("continuing"), *args)
+    ) as proc:
         yield proc
 
 

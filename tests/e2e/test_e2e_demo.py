@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import ROOT, processes_with_args
+from tests.processes import ROOT
+from tests.procfs import processes_with_args
 from tests.support import free_port, wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -18,12 +18,13 @@ import aiohttp
 import orjson
 import pytest
 
+from tests.metrics import metric
 from tests.processes import running
+from tests.sidecar import SidecarProcess
 from tests.sse import DONE, sse_data
 from tests.support import eventually
 
-from ._servers import DevVllm, SidecarProcess, TinyModel, VllmServer
-from ._support import metric
+from .servers import DevVllm, TinyModel, VllmServer
 
 pytestmark = pytest.mark.vllm
 
@@ -38,7 +39,7 @@ def vllm(dev_engine: DevVllm) -> DevVllm:
 
 
 def _sidecar(vllm: VllmServer, run_dir: Any, *args: str) -> SidecarProcess:
-    return SidecarProcess(vllm.url, run_dir, "--health-interval", "0.5", *args)
+    return SidecarProcess.cli(vllm.url, run_dir, "--health-interval", "0.5", *args)
 
 
 @pytest.fixture(scope="module")

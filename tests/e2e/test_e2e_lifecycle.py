@@ -18,12 +18,13 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.metrics import metric
 from tests.processes import running
+from tests.sidecar import SidecarProcess
 from tests.sse import DONE, sse_data
 from tests.support import eventually
 
-from ._servers import SidecarProcess, TinyModel, VllmServer
-from ._support import metric
+from .servers import TinyModel, VllmServer
 
 pytestmark = pytest.mark.vllm
 
@@ -47,7 +48,9 @@ def vllm(tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Ite
 @pytest.fixture(scope="module")
 def sidecar(vllm: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SidecarProcess]:
     # A short health interval only makes the sidecar notice vLLM's comings and goings sooner.
-    proc = SidecarProcess(vllm.url, tmp_path_factory.mktemp("sidecar"), "--health-interval", "0.5")
+    proc = SidecarProcess.cli(
+        vllm.url, tmp_path_factory.mktemp("sidecar"), "--health-interval", "0.5"
+    )
     with running(proc):
         yield proc
 

@@ -16,7 +16,7 @@ from proxy.engine.lifecycle import LIFECYCLE
 from tests.sidecar import MakeSidecar, Sidecar, control
 from tests.support import eventually
 
-from ._servers import DevVllm
+from .servers import DevVllm
 
 pytestmark = pytest.mark.vllm
 

@@ -7,7 +7,9 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from ._servers import SidecarProcess, TinyModel
+from tests.sidecar import SidecarProcess
+
+from .servers import TinyModel
 
 pytestmark = pytest.mark.vllm
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import ManagedProcess, group_members, running
+from tests.processes import ManagedProcess, running
+from tests.procfs import group_members
 from tests.support import wait_until
 
 # A parent that forks a child into its group and maps a shared-memory file, like vLLM's API

@@ -12,10 +12,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.metrics import metric
+from tests.sidecar import SidecarProcess
 from tests.sse import DONE, parse_sse
 
-from ._servers import SidecarProcess, TinyModel, VllmServer
-from ._support import metric
+from .servers import TinyModel, VllmServer
 
 pytestmark = pytest.mark.vllm
 

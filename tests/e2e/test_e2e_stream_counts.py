@@ -14,7 +14,7 @@ from proxy.engine.lifecycle import LIFECYCLE
 from tests.sidecar import MakeSidecar, Sidecar
 from tests.support import eventually
 
-from ._servers import DevVllm
+from .servers import DevVllm
 
 pytestmark = pytest.mark.vllm
 

@@ -21,7 +21,7 @@ from tests.phoenix import (
 from tests.processes import running
 from tests.sidecar import MakeSidecar
 
-from ._servers import TinyModel, VllmServer
+from .servers import TinyModel, VllmServer
 
 pytestmark = pytest.mark.vllm
 

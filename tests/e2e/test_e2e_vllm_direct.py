@@ -5,7 +5,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from ._servers import TinyModel, VllmServer
+from .servers import TinyModel, VllmServer
 
 pytestmark = pytest.mark.vllm
 

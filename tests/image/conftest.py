@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy._processes import spawn
+from tests.processes import spawn
 from tests.support import free_port, wait_until
 
-from ._buildah import Container, Image, build_image, image_size
-from ._pod import Pod, sidecar_env, start_sidecar
+from .buildah import Container, Image, build_image, image_size
+from .pod import Pod, sidecar_env, start_sidecar
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def pod(image: Image, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]
         env = sidecar_env(vllm_port, pod=True)
         sidecar = start_sidecar(image, made, env)
         ready = Pod(made, sidecar, env)
-        sidecar.wait_until(f"{ready.admin_url}/readyz", deadline_s=60)
+        sidecar.wait_until(f"{sidecar.admin_url}/readyz", deadline_s=60)
         # Ready once one worker listens; the pod is whole when all of them do.
         workers = int(env["VLLM_SIDECAR_WORKERS"])
         wait_until(lambda: ready.listening_workers() == workers, f"{workers} workers listen", 30)

@@ -16,16 +16,16 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from packaging.utils import canonicalize_name
 
-from tests.deploy._support import KUBERNETES, kustomize_build
+from tests.deploy.files import KUBERNETES, kustomize_build
 from tests.fake_vllm import FakeVLLM
 from tests.metrics import sample, scrape
-from tests.processes import children
+from tests.procfs import children
 from tests.sidecar import COMPLETION, assert_envelope
 from tests.support import eventually, free_port, refuses_connections
 
-from ._buildah import Container, Image, entrypoint_pid, image_size, real_uid
-from ._lock import RUNTIME_LOCK, pyproject, read_lock
-from ._pod import Pod, sidecar_env, start_sidecar
+from .buildah import Container, Image, entrypoint_pid, image_size, real_uid
+from .lock import RUNTIME_LOCK, pyproject, read_lock
+from .pod import Pod, sidecar_env, start_sidecar
 
 pytestmark = pytest.mark.slow
 
@@ -93,11 +93,12 @@ async def post(url: str, body: dict[str, Any]) -> tuple[aiohttp.ClientResponse, 
 
 
 async def test_pod_resolves_an_hf_path_to_the_name_vllm_serves(pod: Pod) -> None:
-    before = await scrape(pod.admin_url)
-    resp, body = await post(f"{pod.url}/v1/completions", COMPLETION)  # model: org/tiny-model
+    before = await scrape(pod.sidecar.admin_url)
+    url = pod.sidecar.url
+    resp, body = await post(f"{url}/v1/completions", COMPLETION)  # model: org/tiny-model
     assert resp.status == 200, body
     assert body["model"] == "tiny-model"  # the fake answers with the name it was sent
-    after = await scrape(pod.admin_url)
+    after = await scrape(pod.sidecar.admin_url)
     labels = {"rule": "basename", "served_model": "tiny-model"}
     resolved = "vllm_sidecar_model_resolutions_total"
     assert sample(after, resolved, **labels) == sample(before, resolved, **labels) + 1
@@ -107,17 +108,19 @@ async def test_pod_resolves_an_hf_path_to_the_name_vllm_serves(pod: Pod) -> None
 
 
 async def test_pod_answers_an_unknown_model_with_the_error_envelope(pod: Pod) -> None:
-    before = await scrape(pod.admin_url)
+    before = await scrape(pod.sidecar.admin_url)
     async with (
         aiohttp.ClientSession() as session,
-        session.post(f"{pod.url}/v1/completions", json={"model": "org/nope", "prompt": "x"}) as r,
+        session.post(
+            f"{pod.sidecar.url}/v1/completions", json={"model": "org/nope", "prompt": "x"}
+        ) as r,
     ):
         error = await assert_envelope(r, 404, "upstream_status")
     assert error["source"] == "upstream"
     assert error["model"]["requested"] == "org/nope"
     assert error["model"]["served"] == ["tiny-model"]
     assert error["upstream"]["status"] == 404
-    after = await scrape(pod.admin_url)
+    after = await scrape(pod.sidecar.admin_url)
     failed = {"route": "/v1/completions", "source": "upstream", "reason": "upstream_status"}
     counter = "vllm_sidecar_failures_total"
     assert sample(after, counter, **failed, status="404") == (
@@ -160,9 +163,7 @@ async def test_sigterm_to_the_entrypoint_lets_in_flight_work_finish_and_exits_0(
     assert upstream.port is not None
     env = sidecar_env(upstream.port, pod=pod_shape, VLLM_SIDECAR_SHUTDOWN_GRACE=str(GRACE))
     sidecar = start_sidecar(image, container, env)
-    url, admin = (
-        f"http://127.0.0.1:{env[k]}" for k in ("VLLM_SIDECAR_PORT", "VLLM_SIDECAR_ADMIN_PORT")
-    )
+    url, admin = sidecar.url, sidecar.admin_url
     await sidecar.serving(f"{admin}/readyz", deadline_s=60)
     release = asyncio.Event()
 

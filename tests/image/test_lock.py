@@ -12,7 +12,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from ._lock import BUILD_LOCK, REPO, RUNTIME_LOCK, TARGETS, disagreements, pyproject, read_lock
+from .lock import BUILD_LOCK, REPO, RUNTIME_LOCK, TARGETS, disagreements, pyproject, read_lock
 
 
 def test_runtime_lock_pins_every_dependency_of_pyproject_for_every_target() -> None:

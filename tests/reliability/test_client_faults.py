@@ -11,8 +11,8 @@ from aiohttp.test_utils import TestServer
 from proxy.engine.lifecycle import LIFECYCLE
 from tests.fake_vllm import FakeVLLM, Firehose, hang, sse_forever
 from tests.metrics import sample, scrape
-from tests.processes import rss_bytes
-from tests.sidecar import COMPLETION, Sidecar, StartSidecar, admin_of, control
+from tests.procfs import rss_bytes
+from tests.sidecar import COMPLETION, Sidecar, StartSidecar, control
 from tests.support import eventually
 
 STREAM = {"model": "org/tiny-model", "prompt": "x", "stream": True}
@@ -109,7 +109,8 @@ async def test_hang_up_mid_stream_cancels_the_upstream(sidecar: Sidecar, fake: F
 async def test_production_hang_up_before_the_body_and_mid_stream(
     upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
 ) -> None:
-    proc, url = await start_sidecar(str(upstream.make_url("")))
+    proc = await start_sidecar(str(upstream.make_url("")))
+    url = proc.url
     port = int(url.rsplit(":", 1)[1])
     _, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(
@@ -117,7 +118,7 @@ async def test_production_hang_up_before_the_body_and_mid_stream(
         b"Content-Length: 1000\r\n\r\n" + b'{"model": "tiny-model", "pro'
     )
     await writer.drain()
-    admin, route = admin_of(proc), {"route": "/v1/completions"}
+    admin, route = proc.admin_url, {"route": "/v1/completions"}
 
     async def in_flight() -> float:
         return sample(await scrape(admin), "vllm_sidecar_in_flight_requests", **route)
@@ -151,7 +152,8 @@ async def test_slow_reader_is_not_buffered(
     upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
 ) -> None:
     """Backpressure: a client that stops reading stops the upstream too, within socket buffers."""
-    proc, url = await start_sidecar(str(upstream.make_url("")))
+    proc = await start_sidecar(str(upstream.make_url("")))
+    url = proc.url
     fire = Firehose(total=128 * MiB)
     fake.script("POST /v1/completions", fire.handler())
     rss_before = rss_bytes(proc.pid)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import re
 import resource
-import subprocess
 from pathlib import Path
 
 import aiohttp
@@ -18,8 +17,8 @@ from aiohttp.test_utils import TestServer
 
 from tests.fake_vllm import FakeVLLM, Firehose
 from tests.metrics import sample, scrape
-from tests.processes import fd_count
-from tests.sidecar import StartSidecar, admin_of
+from tests.procfs import fd_count
+from tests.sidecar import SidecarProcess, StartSidecar
 from tests.support import eventually
 
 MiB = 1 << 20
@@ -58,16 +57,17 @@ async def trickled_until_closed(url: str, first: bytes, rest: bytes, step: int) 
         writer.close()
 
 
-async def closes(proc: subprocess.Popen[bytes], reason: str) -> float:
+async def closes(proc: SidecarProcess, reason: str) -> float:
     return sample(
-        await scrape(admin_of(proc)), "vllm_sidecar_client_connections_closed_total", reason=reason
+        await scrape(proc.admin_url), "vllm_sidecar_client_connections_closed_total", reason=reason
     )
 
 
 async def test_silent_connection_is_closed(
     upstream: TestServer, start_sidecar: StartSidecar
 ) -> None:
-    proc, url = await start_sidecar(str(upstream.make_url("")), *FAST)
+    proc = await start_sidecar(str(upstream.make_url("")), *FAST)
+    url = proc.url
     reader, writer = await connect(url)
     assert await closed_within(reader) == b""
     writer.close()
@@ -77,7 +77,8 @@ async def test_silent_connection_is_closed(
 async def test_trickled_headers_are_closed(
     upstream: TestServer, start_sidecar: StartSidecar
 ) -> None:
-    proc, url = await start_sidecar(str(upstream.make_url("")), *FAST)
+    proc = await start_sidecar(str(upstream.make_url("")), *FAST)
+    url = proc.url
     # One byte every 0.1 s: never idle, never a whole head.
     assert await trickled_until_closed(url, b"", HEAD, 1) == b""
     assert await closes(proc, "header_timeout") == 1
@@ -86,7 +87,8 @@ async def test_trickled_headers_are_closed(
 async def test_stalled_body_is_closed_and_the_upstream_request_cancelled(
     upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
 ) -> None:
-    proc, url = await start_sidecar(str(upstream.make_url("")), *FAST)
+    proc = await start_sidecar(str(upstream.make_url("")), *FAST)
+    url = proc.url
     reader, writer = await connect(url)
     # Over 1 MiB, with the model first: the sidecar streams it to the upstream as it comes.
     body = b'{"model": "tiny-model", "prompt": "' + b"x" * (2 * MiB) + b'"}'
@@ -97,14 +99,15 @@ async def test_stalled_body_is_closed_and_the_upstream_request_cancelled(
     assert await closes(proc, "body_timeout") == 1
     # The handler ended with the connection, and with it the upstream request that held a
     # pooled connection (the pool's own test: test_upstream_pool.py).
-    metrics = await scrape(admin_of(proc))
+    metrics = await scrape(proc.admin_url)
     assert sample(metrics, "vllm_sidecar_in_flight_requests", route="/v1/completions") == 0
     assert sample(metrics, "vllm_sidecar_client_disconnects_total", route="/v1/completions") == 1
 
 
 async def test_trickled_body_is_closed(upstream: TestServer, start_sidecar: StartSidecar) -> None:
     """A byte now and then keeps the body timeout at bay; the minimum rate still applies."""
-    proc, url = await start_sidecar(str(upstream.make_url("")), *FAST)
+    proc = await start_sidecar(str(upstream.make_url("")), *FAST)
+    url = proc.url
     body = b'{"model": "tiny-model", "prompt": "' + b"x" * 100_000 + b'"}'
     head = HEAD + b"Content-Length: %d\r\n\r\n" % len(body)
     # 20 bytes every 0.1 s: 200 bytes a second, under the 1 KiB/s minimum.
@@ -115,7 +118,8 @@ async def test_trickled_body_is_closed(upstream: TestServer, start_sidecar: Star
 async def test_client_that_does_not_read_is_closed(
     upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
 ) -> None:
-    proc, url = await start_sidecar(str(upstream.make_url("")), *FAST)
+    proc = await start_sidecar(str(upstream.make_url("")), *FAST)
+    url = proc.url
     fire = Firehose(total=128 * MiB)
     fake.script("POST /v1/completions", fire.handler())
     async with aiohttp.ClientSession() as session:
@@ -138,7 +142,8 @@ async def test_a_client_that_closes_mid_answer_ends_its_request_at_once(
     # client reads nothing, so the answer fills the socket; a close that first flushed the
     # answer would wait on a window a gone client never opens (on loopback, the kernel's
     # zero-window probes back off to tens of seconds before they draw its reset).
-    proc, url = await start_sidecar(str(upstream.make_url("")))
+    proc = await start_sidecar(str(upstream.make_url("")))
+    url = proc.url
     fire = Firehose(total=1 << 40)
     fake.script("POST /v1/completions", fire.handler())
     reader, writer = await connect(url)
@@ -155,11 +160,11 @@ async def test_a_client_that_closes_mid_answer_ends_its_request_at_once(
     writer.write_eof()  # the client's FIN, as a close sends it
 
     async def ended() -> bool:
-        metrics = await scrape(admin_of(proc))
+        metrics = await scrape(proc.admin_url)
         return sample(metrics, "vllm_sidecar_in_flight_requests", route="/v1/completions") == 0
 
     await eventually(ended, "the request ends with the client's FIN", within=20)
-    metrics = await scrape(admin_of(proc))
+    metrics = await scrape(proc.admin_url)
     assert sample(metrics, "vllm_sidecar_client_disconnects_total", route="/v1/completions") == 1
     assert await closed_within(reader, 20) is not None
     writer.close()
@@ -176,14 +181,15 @@ def _soft_limit(pid: int) -> int:
 async def test_connections_are_capped_and_admin_still_answers(
     upstream: TestServer, start_sidecar: StartSidecar
 ) -> None:
-    proc, url = await start_sidecar(str(upstream.make_url("")), "--max-client-connections", "20")
+    proc = await start_sidecar(str(upstream.make_url("")), "--max-client-connections", "20")
+    url = proc.url
     before = fd_count(proc.pid)
     socks = [await connect(url) for _ in range(200)]
     try:
         await asyncio.sleep(0.5)
         held = fd_count(proc.pid)
         async with aiohttp.ClientSession() as session:
-            async with session.get(f"{admin_of(proc)}/livez") as resp:
+            async with session.get(f"{proc.admin_url}/livez") as resp:
                 assert resp.status == 200
     finally:
         for _, writer in socks:
@@ -203,7 +209,7 @@ async def test_open_files_limit_is_raised_to_the_hard_limit(
     assert low > 64, f"hard open-files limit {hard} leaves the sidecar no room to start"
     resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
     try:
-        proc, _ = await start_sidecar(str(upstream.make_url("")))
+        proc = await start_sidecar(str(upstream.make_url("")))
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert _soft_limit(proc.pid) == hard

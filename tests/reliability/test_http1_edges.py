@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestServer
 
 from tests.fake_vllm import FakeVLLM
 from tests.metrics import sample, scrape
-from tests.sidecar import Sidecar, StartSidecar, admin_of
+from tests.sidecar import Sidecar, StartSidecar
 from tests.support import eventually
 
 ROUTE = {"route": "/v1/completions"}
@@ -44,8 +44,9 @@ async def test_a_malformed_chunked_body_after_its_head_gets_a_400_envelope_and_a
     """nginx answers 400 at once. aiohttp's C parser queues its error as a next message and
     leaves the body unended: the handler waited for --client-body-timeout (60 s), then the
     client got a silent close, counted as 499."""
-    proc, url = await start_sidecar(str(upstream.make_url("")), "--client-body-timeout", "600")
-    admin = admin_of(proc)
+    proc = await start_sidecar(str(upstream.make_url("")), "--client-body-timeout", "600")
+    url = proc.url
+    admin = proc.admin_url
     reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
     try:
         writer.write(CHUNKED_HEAD)

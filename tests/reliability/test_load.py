@@ -20,8 +20,8 @@ import pytest
 
 from tests.fake_vllm import FakeVLLM, Gate
 from tests.metrics import sample, scrape
-from tests.processes import fd_count, rss_bytes
-from tests.sidecar import StartSidecar, admin_of
+from tests.procfs import fd_count, rss_bytes
+from tests.sidecar import StartSidecar
 from tests.support import eventually, free_port, refuses_connections, wait_http_ok
 
 pytestmark = pytest.mark.slow
@@ -113,8 +113,9 @@ async def test_1000_concurrent_streams_and_back_to_baseline(
     gate = Gate()
     fake.script("POST /v1/completions", gate.handler, times=2 * STREAMS)
     upstream = await aiohttp_server(fake.app(), keepalive_timeout=5.0)
-    proc, url = await start_sidecar(str(upstream.make_url("")), *UPSTREAM_IDLE)
-    admin = admin_of(proc)
+    proc = await start_sidecar(str(upstream.make_url("")), *UPSTREAM_IDLE)
+    url = proc.url
+    admin = proc.admin_url
     fd0, rss0 = fd_count(proc.pid), rss_bytes(proc.pid)
     t0 = time.monotonic()
     first = await one_round(url, STREAMS, gate, admin)
@@ -159,7 +160,8 @@ async def test_sigterm_with_many_streams_in_flight(
     gate = Gate()
     fake.script("POST /v1/completions", gate.handler, times=n)
     upstream = await aiohttp_server(fake.app())
-    proc, url = await start_sidecar(str(upstream.make_url("")), "--shutdown-grace", "20")
+    proc = await start_sidecar(str(upstream.make_url("")), "--shutdown-grace", "20")
+    url = proc.url
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
         async def stream() -> list[str]:
@@ -210,8 +212,9 @@ async def test_upstream_restart_during_load(
     port = free_port()
     pacing = ("--stream-events", "40", "--stream-delay", "0.05")
     fake = await start_fake(port, *pacing)
-    proc, url = await start_sidecar(f"http://127.0.0.1:{port}", *UPSTREAM_IDLE)
-    admin = admin_of(proc)
+    proc = await start_sidecar(f"http://127.0.0.1:{port}", *UPSTREAM_IDLE)
+    url = proc.url
+    admin = proc.admin_url
     fd0 = fd_count(proc.pid)
     n = 200
     started = 0
@@ -285,8 +288,8 @@ async def test_readiness_follows_a_dying_and_returning_upstream(
     interval = 1.0
     port = free_port()
     fake = await start_fake(port)
-    proc, _ = await start_sidecar(f"http://127.0.0.1:{port}", "--health-interval", str(interval))
-    admin = admin_of(proc)
+    proc = await start_sidecar(f"http://127.0.0.1:{port}", "--health-interval", str(interval))
+    admin = proc.admin_url
 
     async def flip(want: int) -> float:
         t0 = time.monotonic()

@@ -20,8 +20,8 @@ from aiohttp.test_utils import TestServer
 
 from tests.fake_vllm import FakeVLLM
 from tests.metrics import sample, scrape
-from tests.processes import rss_bytes
-from tests.sidecar import StartSidecar, admin_of
+from tests.procfs import rss_bytes
+from tests.sidecar import StartSidecar
 from tests.support import eventually
 
 pytestmark = pytest.mark.slow
@@ -59,7 +59,8 @@ def figures(**values: float) -> None:
 async def test_four_60mb_bodies_read_whole_stay_within_the_pod_limit(
     upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
 ) -> None:
-    proc, url = await start_sidecar(str(upstream.make_url("")))
+    proc = await start_sidecar(str(upstream.make_url("")))
+    url = proc.url
     base = rss_bytes(proc.pid)
     # The model after 60 MB of prompt: the sidecar must read the whole body to find it.
     body = b'{"prompt": "' + b"x" * (60 * 1000 * 1000) + b'", "model": "org/tiny-model"}'
@@ -88,7 +89,8 @@ async def test_four_60mb_bodies_read_whole_stay_within_the_pod_limit(
 async def test_clients_that_do_not_read_a_16mb_answer_do_not_hold_its_copies(
     upstream: TestServer, fake: FakeVLLM, start_sidecar: StartSidecar
 ) -> None:
-    proc, url = await start_sidecar(str(upstream.make_url("")))
+    proc = await start_sidecar(str(upstream.make_url("")))
+    url = proc.url
     answer = json.dumps({"text": "x" * (16 * 1000 * 1000)}).encode()
 
     async def big(request: web.Request) -> web.Response:
@@ -110,7 +112,7 @@ async def test_clients_that_do_not_read_a_16mb_answer_do_not_hold_its_copies(
         writer.close()
 
     async def released() -> bool:  # every answer has seen its client go
-        metrics = await scrape(admin_of(proc))
+        metrics = await scrape(proc.admin_url)
         held = ("vllm_sidecar_client_connections", "vllm_sidecar_buffered_bytes")
         return sum(sample(metrics, name) for name in held) == 0
 
@@ -126,7 +128,8 @@ async def test_gzip_bodies_past_the_budget_are_refused_as_they_inflate(
 ) -> None:
     # Guards: inbound.read_counted (an inflated body was read whole before the budget was
     # asked: six of these took 453-477 MiB against an 8 MiB budget).
-    proc, url = await start_sidecar(str(upstream.make_url("")), *SMALL_BUDGET)
+    proc = await start_sidecar(str(upstream.make_url("")), *SMALL_BUDGET)
+    url = proc.url
     base = rss_bytes(proc.pid)
     body = gzip.compress(b'{"model": "tiny-model", "prompt": "' + b"x" * (40 * MiB) + b'"}')
     headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
@@ -153,8 +156,9 @@ async def test_held_bodies_stay_within_the_budget(
     the allocator's)."""
     # Guards: inbound._read_whole (held streamed bodies were outside the budget: 300 of them
     # added 224 MiB against a 72 MiB bound, the held gauge 300, `buffered_bytes` 0).
-    proc, url = await start_sidecar(str(upstream.make_url("")), *SMALL_BUDGET)
-    clients = HeldClients(url, admin_of(proc))
+    proc = await start_sidecar(str(upstream.make_url("")), *SMALL_BUDGET)
+    url = proc.url
+    clients = HeldClients(url, proc.admin_url)
     connector = aiohttp.TCPConnector(limit=0, force_close=True)  # a refused client leaves
     async with aiohttp.ClientSession(connector=connector) as clients.session:
         async with clients.session.post(f"{url}/pause?mode=keep") as resp:

@@ -16,7 +16,6 @@ from tests.sidecar import (
     COMPLETION,
     MakeSidecar,
     StartSidecar,
-    admin_of,
     assert_envelope,
     failures,
 )
@@ -139,14 +138,15 @@ async def test_stalled_bodies_do_not_take_a_bounded_pool(
     """With --max-connections, a body the budget can hold is read whole before a pooled
     connection is taken (nginx's `proxy_request_buffering on`): two clients that stop 70 KB
     into 2 MiB bodies hold none of the two, and a third request is answered at once."""
-    proc, url = await start_sidecar(
+    proc = await start_sidecar(
         str(upstream.make_url("")),
         "--max-connections", "2", "--pool-timeout", "1", "--health-interval", "3600",
     )  # fmt: skip
+    url = proc.url
     stalled = [await _stall(url, _LARGE, 70_000) for _ in range(2)]
 
     async def both_in() -> bool:
-        metrics = await scrape(admin_of(proc))
+        metrics = await scrape(proc.admin_url)
         return metrics.value("vllm_sidecar_in_flight_requests", {"route": "/v1/completions"}) == 2
 
     await eventually(both_in, "both stalled requests are in")
@@ -154,7 +154,7 @@ async def test_stalled_bodies_do_not_take_a_bounded_pool(
         async with session.post(f"{url}/v1/completions", json=COMPLETION) as resp:
             assert resp.status == 200, await resp.text()
     assert fake.arriving.count("/v1/completions") == 1  # the third: the stalled went nowhere
-    metrics = await scrape(admin_of(proc))
+    metrics = await scrape(proc.admin_url)
     assert metrics.value("vllm_sidecar_buffered_bytes", {}) == 2 * len(_LARGE)
     for writer in stalled:
         writer.close()
@@ -165,11 +165,12 @@ async def test_a_body_past_the_budget_streams_and_a_stall_lets_its_connection_go
 ) -> None:
     """A body the memory budget cannot hold streams through on a pooled connection taken early;
     when its client stops half way, the body timeout lets that connection go."""
-    _, url = await start_sidecar(
+    sidecar = await start_sidecar(
         str(upstream.make_url("")),
         "--max-connections", "1", "--client-body-timeout", "0.5", "--health-interval", "3600",
         "--buffer-budget-bytes", str(MiB),
     )  # fmt: skip
+    url = sidecar.url
     writer = await _stall(url, _LARGE, MiB + 100)
     # Its head is upstream, holding the one connection.
     await eventually(lambda: "/v1/completions" in fake.arriving, "the head is upstream")

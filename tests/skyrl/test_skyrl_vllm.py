@@ -10,7 +10,7 @@ from skyrl.backends.skyrl_train.inference_engines.remote_inference_engine import
 )
 
 from proxy.skyrl import SidecarInferenceEngine
-from tests.e2e._servers import DevVllm
+from tests.e2e.servers import DevVllm
 from tests.sidecar import MakeSidecar
 from tests.skyrl.deployment import hostport
 

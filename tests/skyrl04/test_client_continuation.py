@@ -15,8 +15,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.e2e._servers import DevVllm
-from tests.e2e._support import metric
+from tests.e2e.servers import DevVllm
+from tests.metrics import metric
 from tests.sidecar import MakeSidecar, Sidecar
 from tests.skyrl04.clients import companion, stock, url
 from tests.support import eventually

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from proxy.skyrl import SidecarError, SidecarInferenceClient
-from tests.e2e._servers import DevVllm
+from tests.e2e.servers import DevVllm
 from tests.sidecar import MakeSidecar, Sidecar
 from tests.skyrl04.clients import companion, stock, url
 

@@ -33,9 +33,10 @@ from skyrl.backends.skyrl_train.inference_servers.remote_inference_client import
 from skyrl.backends.skyrl_train.weight_sync.control_plane import SkyrlWeightSyncClient
 
 from proxy.core.phase import next_version
-from tests.e2e._servers import DevVllm, TinyModel, VllmServer
-from tests.e2e._support import metric
-from tests.processes import ManagedProcess, SidecarProcess, running
+from tests.e2e.servers import DevVllm, TinyModel, VllmServer
+from tests.metrics import metric
+from tests.processes import ManagedProcess, running
+from tests.sidecar import SidecarProcess
 from tests.support import wait_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skyrl]
@@ -256,7 +257,7 @@ async def test_a_training_loop_never_notices_the_sidecars(
                 http, router.url, direct, engines, engines[0].served_model_name, "direct"
             )
 
-        sidecars = [SidecarProcess(url, tmp_path) for url in direct]
+        sidecars = [SidecarProcess.cli(url, tmp_path) for url in direct]
         with running(sidecars[0]), running(sidecars[1]):
             fronts = [s.url for s in sidecars]
             first = await weight_version(http, engines[0])

@@ -14,8 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e._servers import DevVllm, SidecarProcess, TinyModel, rust_vllm
+from tests.e2e.servers import DevVllm, TinyModel, rust_vllm
 from tests.processes import running
+from tests.sidecar import SidecarProcess
 
 
 @pytest.fixture(scope="package")
@@ -46,5 +47,5 @@ def sidecar(
 ) -> Iterator[SidecarProcess]:
     """tests/e2e/conftest.py's, here too: a package fixture there is cached for the whole of
     tests/e2e, this folder included, and would keep the Python frontend's sidecar."""
-    with running(SidecarProcess(vllm_server.url, tmp_path_factory.mktemp("sidecar"))) as proc:
+    with running(SidecarProcess.cli(vllm_server.url, tmp_path_factory.mktemp("sidecar"))) as proc:
         yield proc

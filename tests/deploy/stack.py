@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import os
 import sys
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from tests.processes import ManagedProcess
+from tests.sidecar import SidecarProcess
 from tests.support import free_port
 
-from ._support import KUBERNETES, kustomize_build
+from .files import KUBERNETES, kustomize_build
 
 # What the fake vLLM serves, and what it says the model was loaded from (its `root`), as with
 # `vllm serve Qwen/Qwen2.5-0.5B-Instruct --served-model-name Qwen2.5-0.5B-Instruct`.
@@ -22,32 +21,14 @@ SERVED = "Qwen2.5-0.5B-Instruct"
 ROOT = "Qwen/Qwen2.5-0.5B-Instruct"
 
 
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
-
-
 @dataclass
 class Stack:
     """A fake vLLM and the sidecar in front of it, each a real process on real ports."""
 
     vllm_port: int
-    port: int
-    admin_port: int
     vllm: ManagedProcess
-    sidecar: ManagedProcess
+    sidecar: SidecarProcess
     env: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def admin_url(self) -> str:
-        return f"http://127.0.0.1:{self.admin_port}"
 
 
 def sidecar_command() -> str:
@@ -64,16 +45,9 @@ def manifest_env() -> dict[str, str]:
     return {item["name"]: item["value"] for item in sidecar["env"] if "value" in item}
 
 
-def spawn(args: list[str], log: Path, env: dict[str, str] | None = None) -> ManagedProcess:
-    """Start `args` in its own process group, output to `log`, environment on top of ours."""
-    process = ManagedProcess(Path(args[0]).name, args, {**os.environ, **(env or {})}, log)
-    process.spawn()
-    return process
-
-
 def start_sidecar(
     upstream_port: int, logs: Path, **extra_env: str
-) -> tuple[ManagedProcess, dict[str, str]]:
+) -> tuple[SidecarProcess, dict[str, str]]:
     """The real CLI, configured by the Deployment's environment with test ports swapped in."""
     port, admin_port = free_port(), free_port()
     env = {
@@ -86,6 +60,14 @@ def start_sidecar(
         "VLLM_SIDECAR_SHUTDOWN_GRACE": "1",
         **extra_env,
     }
-    process = spawn([sidecar_command()], logs / f"sidecar-{port}.log", env)
-    process.wait_until(f"http://127.0.0.1:{admin_port}/livez", deadline_s=30)
+    process = SidecarProcess(
+        "vllm-sidecar",
+        [sidecar_command()],
+        {**os.environ, **env},
+        logs / f"sidecar-{port}.log",
+        port=port,
+        admin_port=admin_port,
+    )
+    process.spawn()
+    process.wait_until(f"{process.admin_url}/livez", deadline_s=30)
     return process, env

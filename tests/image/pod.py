@@ -4,13 +4,14 @@ own defaults as `docker run` leaves them) and the ports it answers on."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
-from tests.deploy._processes import http_get, manifest_env
-from tests.processes import ManagedProcess
-from tests.support import free_port
+from tests.deploy.stack import manifest_env
+from tests.sidecar import SidecarProcess
+from tests.support import free_port, http_get
 
-from ._buildah import Container, Image
+from .buildah import Container, Image
 
 
 def sidecar_env(upstream_port: int, *, pod: bool, **extra: str) -> dict[str, str]:
@@ -29,9 +30,18 @@ def sidecar_env(upstream_port: int, *, pod: bool, **extra: str) -> dict[str, str
     }
 
 
-def start_sidecar(image: Image, container: Container, env: dict[str, str]) -> ManagedProcess:
+def start_sidecar(image: Image, container: Container, env: dict[str, str]) -> SidecarProcess:
     """The image's entrypoint, exactly as configured (buildah run does not apply it)."""
-    return container.start(image.config()["Entrypoint"], env)
+    port = int(env["VLLM_SIDECAR_PORT"])
+    sidecar = SidecarProcess(
+        f"{container.name}-sidecar",
+        container.command(image.config()["Entrypoint"], env),
+        os.environ,
+        container.logs / f"{container.name}-sidecar-{port}.log",
+        port=port,
+        admin_port=int(env["VLLM_SIDECAR_ADMIN_PORT"]),
+    )
+    return container.start(sidecar)
 
 
 @dataclass
@@ -39,18 +49,10 @@ class Pod:
     """A running sidecar container and the environment it was started with."""
 
     container: Container
-    sidecar: ManagedProcess
+    sidecar: SidecarProcess
     env: dict[str, str]
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.env['VLLM_SIDECAR_PORT']}"
-
-    @property
-    def admin_url(self) -> str:
-        return f"http://127.0.0.1:{self.env['VLLM_SIDECAR_ADMIN_PORT']}"
 
     def listening_workers(self) -> int:
         """How many workers serve the proxy port, as /readyz says (0 while not ready)."""
-        status, body = http_get(f"{self.admin_url}/readyz")
+        status, body = http_get(f"{self.sidecar.admin_url}/readyz")
         return int(json.loads(body)["workers"]) if status == 200 else 0

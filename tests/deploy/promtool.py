@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from ._support import ALERTS, alert_rules, run, tool
+from .files import ALERTS, alert_rules, run, tool
 
 
 def annotations(alertname: str, labels: dict[str, str], value: str = "") -> dict[str, str]:

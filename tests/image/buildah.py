@@ -10,22 +10,24 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
-from tests.deploy._support import REPO, tool
-from tests.processes import ManagedProcess, children
+from tests.deploy.files import REPO, tool
+from tests.processes import ManagedProcess
+from tests.procfs import children
 
 PART = "40-image.sh"
 _UNITS = {"B": 1, "kB": 10**3, "MB": 10**6, "GB": 10**9}  # buildah's sizes are decimal
+
+P = TypeVar("P", bound=ManagedProcess)
 
 
 def buildah(*args: str, timeout: float = 120) -> str:
@@ -92,7 +94,8 @@ class Container:
     def __repr__(self) -> str:
         return f"<Container {self.name}>"
 
-    def _argv(self, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    def command(self, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+        """The `buildah run` command line that runs `argv` in the container with `env`."""
         # --network host: a pod's containers share one network namespace, and the fake vLLM
         # listens on the host's loopback, as vLLM does on the pod's.
         options = [f"--env={key}={value}" for key, value in env.items()]
@@ -107,15 +110,9 @@ class Container:
             *argv,
         ]
 
-    def start(self, argv: Sequence[str], env: Mapping[str, str]) -> ManagedProcess:
-        """Run `argv` in the container in the background (its own process group, log file)."""
-        index = len(self.processes)
-        process = ManagedProcess(
-            f"{self.name}-{index}",
-            self._argv(argv, env),
-            os.environ,
-            self.logs / f"{self.name}-{index}.log",
-        )
+    def start(self, process: P) -> P:
+        """Start `process`, a `command` of this container, in the background (its own process
+        group, log file); `remove` stops it."""
         process.spawn()
         self.processes.append(process)
         return process
@@ -123,7 +120,7 @@ class Container:
     def exec(self, argv: Sequence[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
         """Run `argv` in the container to its end, as `docker exec` (a HEALTHCHECK) does."""
         return subprocess.run(
-            self._argv(argv, env), capture_output=True, text=True, timeout=60, check=False
+            self.command(argv, env), capture_output=True, text=True, timeout=60, check=False
         )
 
     def read_only(self) -> None:

@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import ROOT, ManagedProcess, SidecarProcess, running
+from tests.processes import ROOT, ManagedProcess, running
 from tests.support import free_port
 
 __all__ = [
     "VLLM_VENV",
     "DevVllm",
-    "SidecarProcess",
     "TinyModel",
     "VllmServer",
     "rust_vllm",
