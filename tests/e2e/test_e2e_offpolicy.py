@@ -9,10 +9,12 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import pytest
 
 from proxy.core.offpolicy import LAGS
 from proxy.engine.lifecycle import LIFECYCLE
+from tests.metrics import metric
 from tests.sidecar import MakeSidecar, Sidecar, control
 from tests.support import eventually
 
@@ -37,7 +39,29 @@ async def front(dev_engine: DevVllm, make_sidecar: MakeSidecar) -> AsyncIterator
         await control(sidecar, path)
 
 
-async def test_counters_match_the_answers_spans_under_pauses_and_updates(front: Sidecar) -> None:
+async def running(http: aiohttp.ClientSession, engine: DevVllm) -> float:
+    """vLLM's own gauge: the requests running at its last step."""
+    return await metric(http, f"{engine.url}/metrics", "vllm:num_requests_running")
+
+
+async def pause_mid_answer(front: Sidecar, http: aiohttp.ClientSession, engine: DevVllm) -> None:
+    """A `keep` pause that froze a request mid-answer. Read once the engine is paused, the gauge
+    tells what its last step left running: each such request has a token made (the first comes
+    with its prefill) and more to come. Four clients in step can all be between answers when the
+    pause lands (a run froze none, and straddled nothing): such a pause is resumed, and tried
+    again once a request runs."""
+    for _ in range(50):
+        await eventually(lambda: running(http, engine), "a request running", 60.0)
+        assert (await control(front, "/pause?mode=keep")).status == 200
+        if await running(http, engine) >= 1:
+            return
+        assert (await control(front, "/resume")).status == 200
+    pytest.fail("no keep pause of 50 froze a request mid-answer")
+
+
+async def test_counters_match_the_answers_spans_under_pauses_and_updates(
+    front: Sidecar, dev_engine: DevVllm
+) -> None:
     answers: list[tuple[list[dict[str, Any]], str]] = []  # spans, the version at the end
     stop = asyncio.Event()
 
@@ -59,12 +83,14 @@ async def test_counters_match_the_answers_spans_under_pauses_and_updates(front: 
 
     clients = [asyncio.create_task(client(tag)) for tag in range(CLIENTS)]
     base = front.app[LIFECYCLE].version
-    for n in range(UPDATES):
-        await eventually(lambda n=n: len(answers) >= 2 * (n + 1), within=120.0)
-        assert (await control(front, "/pause?mode=keep")).status == 200
-        await control(front, "/start_weight_update", json={})
-        await control(front, "/finish_weight_update", json={"weight_version": f"{base}-e2e{n}"})
-        assert (await control(front, "/resume")).status == 200
+    async with aiohttp.ClientSession() as http:
+        for n in range(UPDATES):
+            await eventually(lambda n=n: len(answers) >= 2 * (n + 1), within=120.0)
+            await pause_mid_answer(front, http, dev_engine)
+            await control(front, "/start_weight_update", json={})
+            version = f"{base}-e2e{n}"
+            await control(front, "/finish_weight_update", json={"weight_version": version})
+            assert (await control(front, "/resume")).status == 200
     await eventually(lambda: len(answers) >= 2 * (UPDATES + 1), within=120.0)
     stop.set()
     await asyncio.wait_for(asyncio.gather(*clients), 120)
@@ -82,8 +108,8 @@ async def test_counters_match_the_answers_spans_under_pauses_and_updates(front: 
     name = "vllm_sidecar_generated_tokens_total"
     found = {lag: front.sample(name, route=GENERATE, lag=lag) for lag in LAGS}
     counted = {lag: int(v) for lag, v in found.items() if v}
-    # Four clients generate all the time: every `keep` pause freezes some mid-answer (a local
-    # run: 12 answers, 6 straddling, tokens at lags 0, 1 and 2).
+    # Every update comes in a `keep` pause that froze a request mid-answer (a local run: 12
+    # answers, 6 straddling, tokens at lags 0, 1 and 2).
     assert straddling >= 1
     assert counted == expected
     assert sum(counted.values()) == 24 * len(answers)
