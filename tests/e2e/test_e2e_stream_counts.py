@@ -73,8 +73,8 @@ async def test_a_streams_tokens_are_counted_exactly_with_usage_and_estimated_wit
     counted, estimated = tokens(counting, route)
     print(f"{'rust' if dev_engine.rust else 'python'} {route}: {estimated:.0f} of {MAX_TOKENS}")
     assert counted - MAX_TOKENS == estimated  # the estimate is counted as one
-    if dev_engine.rust and route == "/v1/chat/completions":
-        # No event for a token without text of its own: short (tests/samples/README.md).
-        assert 0 < estimated <= MAX_TOKENS
-    else:
-        assert estimated == MAX_TOKENS  # one event a token, each told
+    # At most one event a token, and never more told than made. Fewer where an event carries
+    # several: the Rust frontend's chat sends none for a token without text of its own
+    # (tests/samples/README.md), and the Python server merges the deltas its stream has not
+    # taken yet (vLLM's RequestOutputCollector), as on a busy box (38 of 40 in a full run).
+    assert 0 < estimated <= MAX_TOKENS
