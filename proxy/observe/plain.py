@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import time
 from bisect import bisect_left
-from collections.abc import Iterator
-from typing import Protocol
+from collections.abc import Callable, Iterator
+from typing import Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -30,6 +30,9 @@ CREATED = os.environ.get("PROMETHEUS_DISABLE_CREATED_SERIES", "False").lower() n
     "1",
     "t",
 )
+
+
+C = TypeVar("C", "PlainCount", "PlainBuckets")
 
 
 class CounterChild(Protocol):
@@ -76,20 +79,30 @@ class PlainBuckets:
         self.total += amount
 
 
-class PlainCounters(Collector):
-    """A labelled counter family of plain counts (bounded label sets, as `Family`'s)."""
+class _Plain(Collector, Generic[C]):
+    """A labelled family of plain children, one per label set (bounded sets, as `Family`'s)."""
 
-    def __init__(self, name: str, doc: str, labelnames: tuple[str, ...]) -> None:
+    def __init__(
+        self, name: str, doc: str, labelnames: tuple[str, ...], make: Callable[[], C]
+    ) -> None:
         self.name, self.doc, self.labelnames = name, doc, labelnames
-        self._children: dict[tuple[str, ...], PlainCount] = {}
+        self._make: Callable[[], C] = make
+        self._children: dict[tuple[str, ...], C] = {}
 
-    def labels(self, *values: str) -> PlainCount:
+    def labels(self, *values: str) -> C:
         child = self._children.get(values)
         if child is None:
             if len(values) != len(self.labelnames):
                 raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
-            child = self._children[values] = PlainCount()
+            child = self._children[values] = self._make()
         return child
+
+
+class PlainCounters(_Plain[PlainCount]):
+    """A labelled counter family of plain counts."""
+
+    def __init__(self, name: str, doc: str, labelnames: tuple[str, ...]) -> None:
+        super().__init__(name, doc, labelnames, PlainCount)
 
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(self.name, self.doc, labels=self.labelnames)
@@ -98,24 +111,15 @@ class PlainCounters(Collector):
         yield family
 
 
-class PlainHistograms(Collector):
+class PlainHistograms(_Plain[PlainBuckets]):
     """A labelled histogram family of plain bucket counts."""
 
     def __init__(
         self, name: str, doc: str, labelnames: tuple[str, ...], bounds: tuple[float, ...]
     ) -> None:
-        self.name, self.doc, self.labelnames = name, doc, labelnames
         self.bounds = tuple(float(bound) for bound in bounds)
         self._les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
-        self._children: dict[tuple[str, ...], PlainBuckets] = {}
-
-    def labels(self, *values: str) -> PlainBuckets:
-        child = self._children.get(values)
-        if child is None:
-            if len(values) != len(self.labelnames):
-                raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
-            child = self._children[values] = PlainBuckets(self.bounds)
-        return child
+        super().__init__(name, doc, labelnames, lambda: PlainBuckets(self.bounds))
 
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)
