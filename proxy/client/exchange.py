@@ -17,14 +17,12 @@ from proxy.core import headers as hdrs
 from proxy.core.continuation import PART_PATH, Plan
 from proxy.core.errors import UpstreamInvalidResponse, UpstreamTimeout
 from proxy.core.sse import is_event_stream
-from proxy.upstream.hop import HOP
-from proxy.upstream.session import UPSTREAM, UPSTREAM_ERRORS, read_capped, target
+from proxy.upstream.session import UPSTREAM_ERRORS, read_capped, target
 
 from . import continuing
-from .budget import BUDGET
 from .failures import error_reply
 from .flow import Body, Flow, Relay, StreamedBody
-from .hooks import ENGINE, HOOKS, NO_HOOKS
+from .hooks import HOOKS, NO_HOOKS
 from .peek import paused_rejection
 from .relay import (
     BUFFER_LIMIT,
@@ -50,7 +48,7 @@ def head(flow: Flow) -> None:
     request), and kept on the request for `prepared`. Not the flow itself: the flow holds the
     request, and a cycle through it would leave every request to the cyclic collector."""
     try:
-        flow.app[ENGINE].head(flow)
+        flow.addon.head(flow)
     finally:
         flow.request[HOOKS] = flow.engine
 
@@ -120,13 +118,13 @@ async def _send(
 ) -> web.StreamResponse:
     """One upstream call and its relayed answer; what `allowed` lets go again is raised as
     `Rejected`, `Unconnected` or `ClosedIdle` (resend.py)."""
-    request, rec, app = flow.request, flow.rec, flow.app
+    request, rec = flow.request, flow.rec
     sent = time.perf_counter()
     answered = False
     try:
-        async with app[HOP].request(
+        async with flow.hop.request(
             request.method,
-            target(app[UPSTREAM], path or origin_form(flow)),
+            target(flow.upstream, path or origin_form(flow)),
             data=_payload(request.method, body, headers),
             headers=headers,
             allow_redirects=False,
@@ -209,7 +207,7 @@ async def _relay(
     flow: Flow, resp: aiohttp.ClientResponse, first: bytes = b""
 ) -> web.StreamResponse:
     """The upstream's answer, relayed the way its kind needs."""
-    app, rec = flow.app, flow.rec
+    rec = flow.rec
     if resp.status == 101:  # the sidecar drops Upgrade (hop-by-hop): nobody asked to switch
         raise UpstreamInvalidResponse(
             f"The upstream answered 101 Switching Protocols for {rec.method} {rec.path}, which "
@@ -229,7 +227,7 @@ async def _relay(
     length = resp.content_length
     sse = is_event_stream(resp.headers.get("Content-Type"))
     # Read whole only within the memory budget; past it the answer streams, with backpressure.
-    if not sse and length is not None and length <= BUFFER_LIMIT and app[BUDGET].try_hold(length):
+    if not sse and length is not None and length <= BUFFER_LIMIT and flow.budget.try_hold(length):
         return await buffered_reply(flow, resp, first or None)
     if unframed_json(resp) or chunked_json_read(resp):
         return await checked_json_reply(flow, resp)

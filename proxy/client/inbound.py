@@ -11,7 +11,7 @@ from proxy.core.body import scan_model, scan_model_in_head
 from proxy.core.errors import BodyTooLarge, InvalidRequest
 from proxy.core.headers import inflated
 
-from .budget import BUDGET, Lease
+from .budget import Lease
 from .flow import STREAM_FROM, Body, Flow, StreamedBody
 from .model import locate, resolved
 
@@ -62,7 +62,7 @@ async def read_counted(flow: Flow, limit: int) -> bytes:
     memory budget as it arrives, so that one past the budget or `limit` is refused while the
     rest is still on the wire, having cost no more than the budget. (Read whole first, six
     40 MiB gzip bodies took 470 MiB before the budget was asked.)"""
-    lease, parts, size = Lease(flow.app[BUDGET]), [], 0
+    lease, parts, size = Lease(flow.budget), [], 0
     try:
         async for part in flow.request.content.iter_any():
             size += len(part)
@@ -136,7 +136,7 @@ async def read_request(flow: Flow) -> Body:
         body = await read_counted(flow, limit)
     else:
         if not held and length <= limit:
-            flow.app[BUDGET].hold(length)
+            flow.budget.hold(length)
         body = await read_body(flow, limit)  # a declared size over `limit` is refused unread
     field = await locate(scan_model(body)) if body and json_body else None
     flow.body = _outgoing(await resolved(flow, body, field))
@@ -149,9 +149,9 @@ def _read_whole(flow: Flow, length: int) -> bool:
     be held outside the budget, and would hide its client's FIN (which comes after the body),
     so that a client that left was sent upstream after /resume."""
     if flow.engine.would_hold():
-        flow.app[BUDGET].hold(length)
+        flow.budget.hold(length)
         return True
-    return flow.options.max_connections > 0 and flow.app[BUDGET].try_hold(length)
+    return flow.options.max_connections > 0 and flow.budget.try_hold(length)
 
 
 async def _held_whole(flow: Flow, body: Body) -> Body:
@@ -159,7 +159,7 @@ async def _held_whole(flow: Flow, body: Body) -> Body:
     read: read whole first, its size taken from the budget, as `_read_whole` does."""
     if not isinstance(body, StreamedBody) or body.rest is None:
         return body
-    flow.app[BUDGET].hold(body.length)
+    flow.budget.hold(body.length)
     parts = [body.head]
     try:
         async for part in body.rest.iter_any():
@@ -179,7 +179,7 @@ async def _head_first(flow: Flow, length: int) -> Body:
         raise InvalidRequest("The request body ended before its Content-Length.") from None
     field = await locate(scan_model_in_head(head))
     if field is None:  # the model is further on: the whole body it is
-        flow.app[BUDGET].hold(length)
+        flow.budget.hold(length)
         body = head + await content.read()
         field = await locate(scan_model(body))
         return _outgoing(await resolved(flow, body, field))

@@ -15,7 +15,6 @@ from proxy.core.continuation.joining import Joined
 from proxy.core.errors import PhaseRefusal, SidecarFailure
 
 from ..flow import Flow, Relay
-from ..hooks import ENGINE
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +34,7 @@ class Parts:
 
     def __init__(self, flow: Flow, plan: Plan, send: Send, captured: Captured) -> None:
         self.flow, self.plan, self._send, self._captured = flow, plan, send, captured
-        self.lifecycle = lifecycle = flow.app[ENGINE]  # the engine addon (client/hooks.py)
+        self.lifecycle = lifecycle = flow.addon  # the engine addon (client/hooks.py)
         self.most = flow.options.continue_max
         self.version = flow.engine.version or lifecycle.version  # the first part's
         self._cuts_before = lifecycle.cuts

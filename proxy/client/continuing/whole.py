@@ -14,7 +14,6 @@ from proxy.core.continuation.joining import Joined
 from proxy.core.headers import drop, response_headers
 from proxy.upstream.session import read_capped
 
-from ..budget import BUDGET
 from ..flow import Flow
 from ..relay import BUFFER_LIMIT
 from .parts import Parts
@@ -83,7 +82,7 @@ async def captured(flow: Flow, resp: aiohttp.ClientResponse, first: bytes) -> we
 
 def budgeted(flow: Flow, resp: aiohttp.ClientResponse) -> bool:
     length = resp.content_length
-    return length is not None and length <= BUFFER_LIMIT and flow.app[BUDGET].try_hold(length)
+    return length is not None and length <= BUFFER_LIMIT and flow.budget.try_hold(length)
 
 
 def raw(flow: Flow, resp: aiohttp.ClientResponse, body: bytes) -> web.Response:
