@@ -1,17 +1,14 @@
-"""Shared helpers of the deployment tests: repository paths, tools, YAML, kustomize, dashboards."""
+"""Shared helpers of the deployment tests: repository paths, YAML, kustomize, dashboards."""
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,21 +28,6 @@ GRAFANA_VARIABLES = {
     "${instance}": ".*",
     "$instance": ".*",
 }
-
-
-def tool(name: str, part: str = "30-deploy-tools.sh") -> str:
-    """Path of a command-line tool: the test venv's bin first, then PATH.
-
-    A missing tool fails the test: `part` of scripts/test-env.d/ installs it, so a skip here
-    would only hide a broken test environment.
-    """
-    venv_bin = Path(sys.executable).parent / name
-    if venv_bin.exists():
-        return str(venv_bin)
-    found = shutil.which(name)
-    if found is None:
-        pytest.fail(f"{name} is not installed: run `make test-env` ({part})")
-    return found
 
 
 def run(*args: str, stdin: str | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config.settings import Settings
 from tests.support import free_port, http_get
+from tests.tools import tool
 
 from .files import (
     DOCKERFILE,
@@ -29,7 +30,6 @@ from .files import (
     metric_names,
     rules,
     run,
-    tool,
 )
 from .stack import Stack, start_sidecar
 

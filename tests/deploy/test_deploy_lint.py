@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.tools import tool
+
 from .files import (
     ALERTS,
     COMPOSE,
@@ -26,7 +28,6 @@ from .files import (
     load_yaml,
     rules,
     run,
-    tool,
 )
 
 
