@@ -15,11 +15,11 @@ from proxy.client.admin import create_admin_app
 from proxy.config.settings import Settings
 from proxy.wiring import dispatch
 from proxy.wiring.app import create_app
-from tests.e2e.servers import DevVllm, TinyModel, tiny_model_dir
 from tests.fake_vllm import FakeVLLM
 from tests.phoenix import Phoenix, running_phoenix
 from tests.processes import running
 from tests.sidecar import MakeSidecar, Sidecar, SidecarProcess, StartSidecar
+from tests.vllm_servers import DevVllm, TinyModel, tiny_model_dir
 
 # tests/skyrl04 needs skyrl 0.4, hence Python 3.12: `make test` runs it in .venv-skyrl04.
 collect_ignore = [] if sys.version_info >= (3, 12) else ["skyrl04"]

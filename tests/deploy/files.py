@@ -1,25 +1,23 @@
-"""Shared helpers of the deployment tests: repository paths, tools, YAML, kustomize, dashboards."""
+"""Shared helpers of the deployment tests: the shipped files' paths, running a tool on them, the
+rules, the dashboard and its PromQL, the Dockerfile's instructions."""
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
+
+from tests.manifests import load_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "vllm-sidecar.json"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 SCRAPE_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
-KUBERNETES = DEPLOY / "kubernetes"
 COMPOSE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
 
@@ -33,80 +31,10 @@ GRAFANA_VARIABLES = {
 }
 
 
-def tool(name: str, part: str = "30-deploy-tools.sh") -> str:
-    """Path of a command-line tool: the test venv's bin first, then PATH.
-
-    A missing tool fails the test: `part` of scripts/test-env.d/ installs it, so a skip here
-    would only hide a broken test environment.
-    """
-    venv_bin = Path(sys.executable).parent / name
-    if venv_bin.exists():
-        return str(venv_bin)
-    found = shutil.which(name)
-    if found is None:
-        pytest.fail(f"{name} is not installed: run `make test-env` ({part})")
-    return found
-
-
 def run(*args: str, stdin: str | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         args, input=stdin, cwd=cwd, capture_output=True, text=True, timeout=120, check=False
     )
-
-
-def load_yaml(path: Path) -> Any:
-    return yaml.safe_load(path.read_text())
-
-
-def yaml_docs(path: Path) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
-
-
-def kustomize_build(directory: Path) -> list[dict[str, Any]]:
-    """Render a kustomization the way `kubectl kustomize` does, for the features used in deploy/.
-
-    Handles `resources` (files and directories with their own kustomization), `configMapGenerator`
-    with `files` and `options`, and `images`. Anything else fails, so a new feature in the
-    kustomization is noticed here instead of being silently ignored.
-    """
-    kustomization = load_yaml(directory / "kustomization.yaml")
-    known = {"apiVersion", "kind", "resources", "configMapGenerator", "images"}
-    unknown = set(kustomization) - known
-    assert not unknown, f"{directory}: kustomize features this test does not render: {unknown}"
-    docs: list[dict[str, Any]] = []
-    for resource in kustomization.get("resources", []):
-        path = (directory / resource).resolve()
-        docs.extend(kustomize_build(path) if path.is_dir() else yaml_docs(path))
-    for generator in kustomization.get("configMapGenerator", []):
-        options = generator.get("options", {})
-        assert options.get("disableNameSuffixHash") is True, "name the ConfigMap predictably"
-        metadata: dict[str, Any] = {"name": generator["name"]}
-        if options.get("labels"):
-            metadata["labels"] = dict(options["labels"])
-        if options.get("annotations"):
-            metadata["annotations"] = dict(options["annotations"])
-        data = {}
-        for file in generator["files"]:
-            source = directory / file
-            # kustomize refuses files outside the kustomization's root (LoadRestrictionsRootOnly).
-            assert source.resolve().is_relative_to(directory.resolve()), file
-            data[source.name] = source.read_text()
-        docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data})
-    images = {image["name"]: image for image in kustomization.get("images", [])}
-    for doc in docs:
-        for container in pod_containers(doc):
-            name, _, _ = container["image"].partition(":")
-            if name in images:
-                image = images[name]
-                container["image"] = f"{image.get('newName', name)}:{image['newTag']}"
-    return docs
-
-
-def pod_containers(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """Every container of a workload, init containers (native sidecars) included."""
-    spec = doc.get("spec", {}).get("template", {}).get("spec", {})
-    yield from spec.get("initContainers", [])
-    yield from spec.get("containers", [])
 
 
 def dashboard() -> dict[str, Any]:

@@ -8,7 +8,9 @@ from typing import Any
 
 import yaml
 
-from .files import ALERTS, alert_rules, run, tool
+from tests.tools import tool
+
+from .files import ALERTS, alert_rules, run
 
 
 def annotations(alertname: str, labels: dict[str, str], value: str = "") -> dict[str, str]:

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.manifests import manifest_env
 from tests.processes import ManagedProcess
 from tests.sidecar import SidecarProcess
 from tests.support import free_port
-
-from .files import KUBERNETES, kustomize_build
 
 # What the fake vLLM serves, and what it says the model was loaded from (its `root`), as with
 # `vllm serve Qwen/Qwen2.5-0.5B-Instruct --served-model-name Qwen2.5-0.5B-Instruct`.
@@ -36,13 +35,6 @@ def sidecar_command() -> str:
     if not script.exists():
         pytest.fail("the vllm-sidecar console script is not installed: run `make test-env`")
     return str(script)
-
-
-def manifest_env() -> dict[str, str]:
-    """The sidecar container's environment as the Kubernetes Deployment sets it."""
-    deployment = next(d for d in kustomize_build(KUBERNETES) if d["kind"] == "Deployment")
-    sidecar = deployment["spec"]["template"]["spec"]["initContainers"][0]
-    return {item["name"]: item["value"] for item in sidecar["env"] if "value" in item}
 
 
 def start_sidecar(

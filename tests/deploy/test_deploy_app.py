@@ -16,20 +16,19 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config.settings import Settings
+from tests.manifests import KUBERNETES, kustomize_build
 from tests.support import free_port, http_get
+from tests.tools import tool
 
 from .files import (
     DOCKERFILE,
-    KUBERNETES,
     REPO,
     dashboard,
     dashboard_queries,
     dockerfile_instructions,
-    kustomize_build,
     metric_names,
     rules,
     run,
-    tool,
 )
 from .stack import Stack, start_sidecar
 

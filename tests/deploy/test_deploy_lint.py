@@ -12,21 +12,20 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.manifests import KUBERNETES, kustomize_build, load_yaml
+from tests.tools import tool
+
 from .files import (
     ALERTS,
     COMPOSE,
     DOCKERFILE,
-    KUBERNETES,
     REPO,
     SCRAPE_CONFIG,
     dashboard,
     dashboard_queries,
     dashboard_rules_file,
-    kustomize_build,
-    load_yaml,
     rules,
     run,
-    tool,
 )
 
 

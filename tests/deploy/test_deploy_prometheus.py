@@ -16,6 +16,7 @@ import yaml
 
 from tests.processes import ManagedProcess, spawn
 from tests.support import free_port, http_get, wait_until
+from tests.tools import tool
 
 from .files import (
     ALERTS,
@@ -24,7 +25,6 @@ from .files import (
     dashboard,
     dashboard_queries,
     substitute,
-    tool,
 )
 from .stack import SERVED, Stack
 

@@ -19,12 +19,12 @@ import yaml
 from proxy.config.settings import Settings
 from proxy.core.phase import PHASES, SERVING
 from proxy.wiring.tracing import ENV as TRACES_ENDPOINT
+from tests.manifests import KUBERNETES, kustomize_build, load_yaml, pod_containers
 
 from .files import (
     COMPOSE,
     DASHBOARD,
     DEPLOY,
-    KUBERNETES,
     REPO,
     SCRAPE_CONFIG,
     alert_rules,
@@ -32,9 +32,6 @@ from .files import (
     dashboard_panels,
     dashboard_queries,
     dockerfile_instructions,
-    kustomize_build,
-    load_yaml,
-    pod_containers,
     recorded_names,
     recording_rules,
     rules,

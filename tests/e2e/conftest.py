@@ -17,8 +17,7 @@ import pytest
 
 from tests.processes import ROOT, running
 from tests.sidecar import SidecarProcess
-
-from .servers import VLLM_VENV, DevVllm, TinyModel, VllmServer
+from tests.vllm_servers import VLLM_VENV, DevVllm, TinyModel, VllmServer
 
 
 @pytest.fixture(scope="session")

@@ -25,8 +25,7 @@ from tests.metrics import metric
 from tests.processes import running
 from tests.sidecar import SidecarProcess
 from tests.support import eventually
-
-from .servers import DevVllm, TinyModel, VllmServer
+from tests.vllm_servers import DevVllm, TinyModel, VllmServer
 
 pytestmark = pytest.mark.vllm
 

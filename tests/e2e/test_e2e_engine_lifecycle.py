@@ -23,8 +23,7 @@ from tests.processes import running
 from tests.sidecar import SidecarProcess
 from tests.sse import DONE, sse_data
 from tests.support import eventually
-
-from .servers import DevVllm, TinyModel, VllmServer
+from tests.vllm_servers import DevVllm, TinyModel, VllmServer
 
 pytestmark = pytest.mark.vllm
 

@@ -23,8 +23,7 @@ from tests.processes import running
 from tests.sidecar import SidecarProcess
 from tests.sse import DONE, sse_data
 from tests.support import eventually
-
-from .servers import TinyModel, VllmServer
+from tests.vllm_servers import TinyModel, VllmServer
 
 pytestmark = pytest.mark.vllm
 

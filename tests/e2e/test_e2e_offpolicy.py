@@ -17,8 +17,7 @@ from proxy.engine.lifecycle import LIFECYCLE
 from tests.metrics import metric
 from tests.sidecar import MakeSidecar, Sidecar, control
 from tests.support import eventually
-
-from .servers import DevVllm
+from tests.vllm_servers import DevVllm
 
 pytestmark = pytest.mark.vllm
 

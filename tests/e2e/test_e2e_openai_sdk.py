@@ -8,8 +8,7 @@ import openai
 import pytest
 
 from tests.sidecar import SidecarProcess
-
-from .servers import TinyModel
+from tests.vllm_servers import TinyModel
 
 pytestmark = pytest.mark.vllm
 

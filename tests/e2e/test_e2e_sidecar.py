@@ -15,8 +15,7 @@ import pytest
 from tests.metrics import metric
 from tests.sidecar import SidecarProcess
 from tests.sse import DONE, parse_sse
-
-from .servers import TinyModel, VllmServer
+from tests.vllm_servers import TinyModel, VllmServer
 
 pytestmark = pytest.mark.vllm
 

@@ -13,8 +13,7 @@ from proxy.core.offpolicy import LAGS
 from proxy.engine.lifecycle import LIFECYCLE
 from tests.sidecar import MakeSidecar, Sidecar
 from tests.support import eventually
-
-from .servers import DevVllm
+from tests.vllm_servers import DevVllm
 
 pytestmark = pytest.mark.vllm
 

@@ -20,8 +20,7 @@ from tests.phoenix import (
 )
 from tests.processes import running
 from tests.sidecar import MakeSidecar
-
-from .servers import TinyModel, VllmServer
+from tests.vllm_servers import TinyModel, VllmServer
 
 pytestmark = pytest.mark.vllm
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from .servers import TinyModel, VllmServer
+from tests.vllm_servers import TinyModel, VllmServer
 
 pytestmark = pytest.mark.vllm
 

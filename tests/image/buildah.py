@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.deploy.files import REPO, tool
-from tests.processes import ManagedProcess
+from tests.processes import ROOT, ManagedProcess
 from tests.procfs import children
+from tests.tools import tool
 
 PART = "40-image.sh"
 _UNITS = {"B": 1, "kB": 10**3, "MB": 10**6, "GB": 10**9}  # buildah's sizes are decimal
@@ -69,7 +69,7 @@ def build_image() -> Image:
     start = time.monotonic()
     result = subprocess.run(
         ["bash", "scripts/image.sh", "build"],
-        cwd=REPO,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=900,

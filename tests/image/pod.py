@@ -7,7 +7,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from tests.deploy.stack import manifest_env
+from tests.manifests import manifest_env
 from tests.sidecar import SidecarProcess
 from tests.support import free_port, http_get
 

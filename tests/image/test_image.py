@@ -16,8 +16,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from packaging.utils import canonicalize_name
 
-from tests.deploy.files import KUBERNETES, kustomize_build
 from tests.fake_vllm import FakeVLLM
+from tests.manifests import KUBERNETES, kustomize_build
 from tests.metrics import sample, scrape
 from tests.procfs import children
 from tests.sidecar import COMPLETION, assert_envelope

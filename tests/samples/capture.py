@@ -1,7 +1,7 @@
 """Capture raw exchanges from a real vLLM into tests/samples/<frontend>/ (`--rust`: the Rust one).
 
 Run by hand, not by the suite: `PYTHONPATH=$PWD .venv/bin/python tests/samples/capture.py --rust`.
-It starts the shared tests' vLLM (tests/e2e/servers.py's DevVllm) on the tiny model, sends each
+It starts the shared tests' vLLM (tests/vllm_servers.py's DevVllm) on the tiny model, sends each
 request below over a plain socket and writes what came back, byte for byte, chunked framing
 included, so that the fakes (tests/fake_vllm.py) can be checked against it.
 """
@@ -15,8 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.e2e.servers import DevVllm, TinyModel, tiny_model_dir
 from tests.processes import running
+from tests.vllm_servers import DevVllm, TinyModel, tiny_model_dir
 
 HERE = Path(__file__).resolve().parent
 PROMPT = {"prompt": "Hello", "max_tokens": 5, "temperature": 0}

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from tests.fake_vllm import FakeVLLM
-from tests.skyrl.deployment import HF_PATH, SERVED
+from tests.skyrl_deployment import HF_PATH, SERVED
 
 
 @pytest.fixture

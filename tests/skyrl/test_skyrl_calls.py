@@ -16,8 +16,8 @@ from skyrl.backends.skyrl_train.weight_sync import BroadcastInitInfo, BroadcastW
 from proxy.skyrl import SidecarError, SidecarInferenceEngine
 from tests.fake_vllm import FakeVLLM, error_body, respond
 from tests.sidecar import MakeSidecar, Sidecar
-from tests.skyrl.deployment import HF_PATH, SERVED, hostport
 from tests.skyrl.seed import SEED_PROMPTS
+from tests.skyrl_deployment import HF_PATH, SERVED, hostport
 
 pytestmark = pytest.mark.skyrl
 

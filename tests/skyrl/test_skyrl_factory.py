@@ -10,8 +10,8 @@ from skyrl.train.config import SkyRLTrainConfig
 from proxy.skyrl import SidecarError, SidecarInferenceEngine, create_sidecar_engines_from_config
 from tests.fake_vllm import FakeVLLM
 from tests.sidecar import Sidecar
-from tests.skyrl.deployment import HF_PATH, SERVED, hostport
 from tests.skyrl.seed import make_client
+from tests.skyrl_deployment import HF_PATH, SERVED, hostport
 
 pytestmark = pytest.mark.skyrl
 

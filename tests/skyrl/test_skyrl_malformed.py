@@ -15,8 +15,8 @@ from skyrl.backends.skyrl_train.inference_engines.remote_inference_engine import
 from proxy.skyrl import SidecarError, SidecarInferenceEngine
 from tests.fake_vllm import FakeVLLM, hang, raw, respond
 from tests.sidecar import Sidecar
-from tests.skyrl.deployment import HF_PATH, SERVED, hostport
 from tests.skyrl.seed import SEED_PROMPTS, generate_via_skyrl
+from tests.skyrl_deployment import HF_PATH, SERVED, hostport
 
 pytestmark = pytest.mark.skyrl
 

@@ -10,8 +10,8 @@ from aiohttp.test_utils import TestServer
 from proxy.skyrl import SidecarError, SidecarInferenceEngine
 from tests.fake_vllm import FakeVLLM
 from tests.sidecar import MakeSidecar, Sidecar
-from tests.skyrl.deployment import HF_PATH, SERVED, hostport
 from tests.skyrl.seed import SEED_PROMPTS, check_seed, generate_via_skyrl, make_client
+from tests.skyrl_deployment import HF_PATH, SERVED, hostport
 
 pytestmark = pytest.mark.skyrl
 

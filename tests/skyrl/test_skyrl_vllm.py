@@ -10,9 +10,9 @@ from skyrl.backends.skyrl_train.inference_engines.remote_inference_engine import
 )
 
 from proxy.skyrl import SidecarInferenceEngine
-from tests.e2e.servers import DevVllm
 from tests.sidecar import MakeSidecar
-from tests.skyrl.deployment import hostport
+from tests.skyrl_deployment import hostport
+from tests.vllm_servers import DevVllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skyrl]
 

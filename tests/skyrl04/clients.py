@@ -10,7 +10,7 @@ from skyrl.backends.skyrl_train.inference_servers.remote_inference_client import
 
 from proxy.skyrl import SidecarInferenceClient
 from tests.sidecar import Sidecar
-from tests.skyrl.deployment import HF_PATH, SERVED
+from tests.skyrl_deployment import HF_PATH, SERVED
 
 __all__ = ["HF_PATH", "LORA", "SERVED", "companion", "stock", "url"]
 

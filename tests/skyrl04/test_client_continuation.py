@@ -15,11 +15,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.e2e.servers import DevVllm
 from tests.metrics import metric
 from tests.sidecar import MakeSidecar, Sidecar
 from tests.skyrl04.clients import companion, stock, url
 from tests.support import eventually
+from tests.vllm_servers import DevVllm
 
 pytestmark = pytest.mark.vllm
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from proxy.skyrl import SidecarError, SidecarInferenceClient
-from tests.e2e.servers import DevVllm
 from tests.sidecar import MakeSidecar, Sidecar
 from tests.skyrl04.clients import companion, stock, url
+from tests.vllm_servers import DevVllm
 
 pytestmark = pytest.mark.vllm
 

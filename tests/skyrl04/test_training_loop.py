@@ -33,11 +33,11 @@ from skyrl.backends.skyrl_train.inference_servers.remote_inference_client import
 from skyrl.backends.skyrl_train.weight_sync.control_plane import SkyrlWeightSyncClient
 
 from proxy.core.phase import next_version
-from tests.e2e.servers import DevVllm, TinyModel, VllmServer
 from tests.metrics import metric
 from tests.processes import ManagedProcess, running
 from tests.sidecar import SidecarProcess
 from tests.support import wait_until
+from tests.vllm_servers import DevVllm, TinyModel, VllmServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skyrl]
 

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.servers import DevVllm, TinyModel, rust_vllm
 from tests.processes import running
 from tests.sidecar import SidecarProcess
+from tests.vllm_servers import DevVllm, TinyModel, rust_vllm
 
 
 @pytest.fixture(scope="package")

@@ -8,13 +8,13 @@ import aiohttp
 import pytest
 
 from tests.e2e import test_e2e_sidecar as python_tier
-from tests.e2e.servers import TinyModel, VllmServer
 from tests.e2e.test_e2e_sidecar import (
     pytestmark,
     test_unknown_name_gets_vllms_404_in_the_envelope,
     test_vllms_400s_come_back_enveloped_with_their_body,
 )
 from tests.sidecar import SidecarProcess
+from tests.vllm_servers import TinyModel, VllmServer
 
 __all__ = [
     "pytestmark",

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.servers import DevVllm, TinyModel, rust_vllm, tiny_model_dir
+from tests.vllm_servers import DevVllm, TinyModel, rust_vllm, tiny_model_dir
 
 
 @pytest.fixture(scope="package")

@@ -1,4 +1,5 @@
-"""The seed's deployment as the SkyRL tests stage it, and how SkyRL names a listener."""
+"""The seed's deployment as both SkyRL tiers (tests/skyrl, tests/skyrl04) stage it, and how
+SkyRL names a listener."""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""The two servers of the end-to-end tests: a real `vllm serve` and the sidecar, via their CLIs."""
+"""The real vLLM servers, shared by every tier that needs one: a real `vllm serve` via its CLI.
+
+`VllmServer` serves a local model directory on CPU; `DevVllm` is the run's shared one (dev
+routes, scale-out, weight transfer), `rust_vllm` the same behind vLLM's Rust frontend. The
+sidecar in front of them runs via its own CLI as tests/sidecar.py's `SidecarProcess`.
+"""
 
 from __future__ import annotations
 
