@@ -27,7 +27,7 @@ test-env:
 	$(TIMED) test-env bash scripts/test-env.sh
 
 lint: test-env
-	$(TIMED) lint sh -c '$(BIN)/ruff check . && $(BIN)/ruff format --check proxy && $(BIN)/mypy && $(BIN)/lint-imports'
+	$(TIMED) lint sh -c '$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy && $(BIN)/lint-imports'
 
 ## The full suite, as CI runs it: the 3.11 suite, then the skyrl 0.4 tests on 3.12.
 test: test-env lint
