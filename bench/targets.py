@@ -122,6 +122,20 @@ def start_baseline(env: Env, *, low_level: bool = False) -> Running:
     return Running(url, child, "aiohttp " + _version(python, "aiohttp"))
 
 
+def start_raw(env: Env) -> Running:
+    """The floor without aiohttp (bench/proxies/raw_proxy.py): the baseline's work on asyncio
+    protocols and httptools."""
+    port = free_port()
+    python = ROOT / ".venv" / "bin" / "python"
+    argv = [str(python), str(BENCH / "proxies" / "raw_proxy.py")]
+    argv += ["--upstream-url", env.upstream_url, "--port", str(port)]
+    argv += ["--alias", f"{HF_PATH}={SERVED}"]
+    child = spawn("raw", argv, cpus=env.proxy_cpus, log=env.run_dir / "raw.log")
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: _completion_ok(url, HF_PATH), child, 30, "raw asyncio proxy")
+    return Running(url, child, "httptools " + _version(python, "httptools"))
+
+
 def start_router(env: Env) -> Running:
     venv = ROOT / ".venv-bench-router"
     port = free_port()
@@ -305,6 +319,13 @@ TARGETS: dict[str, Target] = {
             "minimal aiohttp proxy, low-level web_server.Server",
             True,
             functools.partial(start_baseline, low_level=True),
+            _need(ROOT / ".venv" / "bin" / "python", "bash scripts/test-env.sh"),
+        ),
+        Target(
+            "raw",
+            "minimal asyncio + httptools proxy (no aiohttp)",
+            True,
+            start_raw,
             _need(ROOT / ".venv" / "bin" / "python", "bash scripts/test-env.sh"),
         ),
         Target(
