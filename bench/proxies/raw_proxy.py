@@ -34,16 +34,11 @@ HOP_BY_HOP = frozenset(
 Request = tuple[bytes, bytes, list[tuple[bytes, bytes]], bytes, bool]
 
 
-class Upstream(asyncio.Protocol):
-    """The client connection's own upstream connection: each answer relayed as it is parsed."""
+class _Parsed(asyncio.Protocol):
+    """A connection whose bytes go to its llhttp parser; bytes it refuses close the client."""
 
-    def __init__(self, client: "Client") -> None:
-        self.client = client
-        self.parser = httptools.HttpResponseParser(self)
-        self.transport: asyncio.Transport | None = None
-        self.fields: list[tuple[bytes, bytes]] = []
-        self.reason = b""
-        self.chunked = False
+    parser: httptools.HttpRequestParser | httptools.HttpResponseParser
+    transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -52,7 +47,24 @@ class Upstream(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
-            self.client.close()
+            self.close()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class Upstream(_Parsed):
+    """The client connection's own upstream connection: each answer relayed as it is parsed."""
+
+    def __init__(self, client: "Client") -> None:
+        self.client = client
+        self.parser = httptools.HttpResponseParser(self)
+        self.fields: list[tuple[bytes, bytes]] = []
+        self.reason = b""
+        self.chunked = False
+
+    def close(self) -> None:
+        self.client.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.client.upstream_lost(self)
@@ -92,26 +104,16 @@ class Upstream(asyncio.Protocol):
         self.client.answered()
 
 
-class Client(asyncio.Protocol):
+class Client(_Parsed):
     """One client connection: its requests parsed, queued, and sent upstream one at a time."""
 
     def __init__(self, host: str, port: int, aliases: dict[str, str]) -> None:
         self.host, self.port, self.aliases = host, port, aliases
         self.parser = httptools.HttpRequestParser(self)
-        self.transport: asyncio.Transport | None = None
         self.upstream: Upstream | None = None
         self.queue: deque[Request] = deque()
         self.busy = self.closing = False
         self.url, self.fields, self.body = b"", [], []  # type: ignore[var-annotated]
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
