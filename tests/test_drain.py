@@ -8,19 +8,18 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import aiohttp
 import pytest
-import yaml
 from aiohttp.test_utils import TestServer
 
 from tests.fake_vllm import FakeVLLM, hang, respond, slow, sse_forever
+from tests.manifests import KUBERNETES, load_yaml
 from tests.sidecar import COMPLETION, StartSidecar
 from tests.sse import read_events
 from tests.support import eventually, refuses_connections
 
-DEPLOYMENT = Path(__file__).parent.parent / "deploy" / "kubernetes" / "deployment.yaml"
+DEPLOYMENT = KUBERNETES / "deployment.yaml"
 
 
 async def test_keep_alive_connections_take_no_new_request_after_sigterm(
@@ -111,7 +110,7 @@ async def test_request_still_running_at_the_deadline_gets_the_503_envelope(
 def _pre_stop() -> tuple[list[str], str]:
     """The vLLM container's preStop command, as the pod runs it, and the variable the pod sets
     for it from the Secret the sidecar reads its control token from."""
-    deployment = yaml.safe_load(DEPLOYMENT.read_text())
+    deployment = load_yaml(DEPLOYMENT)
     spec = deployment["spec"]["template"]["spec"]
     [sidecar], [vllm] = spec["initContainers"], spec["containers"]
     [secret] = [
